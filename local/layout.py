@@ -6,6 +6,7 @@ by setting LIKES_HOME and LIKES_PORT_OFFSET.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,8 +106,29 @@ class Layout:
             d.mkdir(parents=True, exist_ok=True)
 
 
+PROFILE = "profile.json"
+
+
 def from_env(kafka_brokers: int | None = None) -> Layout:
+    """The stack named by LIKES_HOME / LIKES_PORT_OFFSET; the broker count an existing stack was
+    created with wins over the default, so `status` and `down` see the same servers as `up`."""
     home = Path(os.environ.get("LIKES_HOME", REPO_ROOT / ".stack")).resolve()
     offset = int(os.environ.get("LIKES_PORT_OFFSET", "0"))
-    brokers = kafka_brokers or int(os.environ.get("LIKES_KAFKA_BROKERS", "3"))
-    return Layout(home=home, ports=Ports(offset), kafka_brokers=brokers)
+    if kafka_brokers is None:
+        try:
+            kafka_brokers = int(json.loads((home / PROFILE).read_text())["kafka_brokers"])
+        except (FileNotFoundError, KeyError, ValueError):
+            kafka_brokers = int(os.environ.get("LIKES_KAFKA_BROKERS", "3"))
+    return Layout(home=home, ports=Ports(offset), kafka_brokers=kafka_brokers)
+
+
+def recorded_brokers(home: Path) -> int | None:
+    try:
+        return int(json.loads((home / PROFILE).read_text())["kafka_brokers"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+
+
+def record_profile(layout: Layout) -> None:
+    layout.home.mkdir(parents=True, exist_ok=True)
+    (layout.home / PROFILE).write_text(json.dumps({"kafka_brokers": layout.kafka_brokers}))

@@ -6,6 +6,7 @@ recycled pid is never signalled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,10 +51,8 @@ def _proc_start_ticks(pid: int) -> int | None:
         return None
     rest = stat[stat.rindex(")") + 2 :].split()
     if rest[0] == "Z":
-        try:  # reap our own zombie child, if it is one
+        with contextlib.suppress(ChildProcessError):  # reap our own zombie child, if it is one
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         return None
     return int(rest[19])
 
@@ -129,7 +128,9 @@ class Supervisor:
     def _await_ready(self, srv: Server, entry: Entry) -> None:
         def check() -> None:
             if not self.is_alive(entry):
-                raise StartError(srv.name, "exited during start", tail(self.layout.log_file(srv.name)))
+                raise StartError(
+                    srv.name, "exited during start", tail(self.layout.log_file(srv.name))
+                )
             srv.probe()
 
         try:
@@ -258,7 +259,7 @@ class Supervisor:
             threads = []
             results: dict[str, bool] = {}
 
-            def _stop(n: str) -> None:
+            def _stop(n: str, results: dict[str, bool] = results) -> None:
                 results[n] = self.stop(n)
 
             for n in group:

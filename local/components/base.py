@@ -51,6 +51,10 @@ class Component(abc.ABC):
     def bootstrap(self) -> None:  # noqa: B027 - optional hook
         """Run once every server answers (cluster create, topics, schema). Must be idempotent."""
 
+    def metrics_targets(self) -> list[str]:
+        """host:port endpoints serving Prometheus metrics at /metrics, for the scrape config."""
+        return []
+
 
 def tcp_probe(host: str, port: int, timeout: float = 1.0) -> None:
     try:

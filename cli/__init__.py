@@ -1,0 +1,1 @@
+"""The `likes` command: one entry point, one command group per concern."""

@@ -1,0 +1,209 @@
+"""`likes local ...`: bring the local stack up and down, and look at it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from local import components, layout, supervisor
+from local.maven import MavenError
+
+app = typer.Typer(help="The whole data plane on this machine, real servers on loopback.")
+console = Console()
+err = Console(stderr=True)
+
+
+def _supervisor(kafka_brokers: int | None = None) -> supervisor.Supervisor:
+    lay = layout.from_env(kafka_brokers)
+    return supervisor.Supervisor(lay, components.build(lay))
+
+
+def _status_table(status: dict[str, dict[str, object]]) -> Table:
+    t = Table(title="local stack")
+    for col in ("component", "address", "pid", "healthy"):
+        t.add_column(col)
+    for name, s in status.items():
+        healthy = "[green]yes[/]" if s["healthy"] else "[red]no[/]"
+        t.add_row(name, str(s["address"]), str(s["pid"] or "-"), healthy)
+    return t
+
+
+def _fail(e: BaseException) -> typer.Exit:
+    if isinstance(e, supervisor.StartError):
+        body = f"[bold]{e.reason}[/]"
+        if e.log_tail:
+            body += f"\n\n[dim]last lines of its log:[/]\n{e.log_tail}"
+        body += f"\n\n[dim]full log: likes local logs {e.name}[/]"
+        err.print(Panel(body, title=f"[red]{e.name} did not start", border_style="red"))
+    else:
+        err.print(f"[red]error:[/] {e}")
+    return typer.Exit(1)
+
+
+@app.command()
+def up(
+    kafka_brokers: Annotated[
+        int | None,
+        typer.Option(help="Kafka brokers: 3 (production settings: RF 3, min ISR 2) or 1 (quick)."),
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help="Start only these components (and nothing else).")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the final status as JSON.")
+    ] = False,
+) -> None:
+    """Start every server that is not running, wait until each answers, print the status.
+
+    Idempotent: a second `up` starts nothing and changes nothing."""
+    lay = layout.from_env()
+    recorded = layout.recorded_brokers(lay.home)
+    if kafka_brokers is not None and kafka_brokers not in (1, 3):
+        err.print("[red]error:[/] --kafka-brokers must be 1 or 3")
+        raise typer.Exit(2)
+    if kafka_brokers is not None and recorded is not None and recorded != kafka_brokers:
+        err.print(
+            f"[red]error:[/] this stack ({lay.home}) was created with {recorded} Kafka broker(s); "
+            "run `likes local down --wipe` before changing --kafka-brokers"
+        )
+        raise typer.Exit(2)
+    sup = _supervisor(kafka_brokers or recorded)
+    layout.record_profile(sup.layout)
+    unknown = sorted(set(only or ()) - set(sup.components))
+    if unknown:
+        err.print(f"[red]error:[/] unknown component(s) {unknown}; known: {list(sup.components)}")
+        raise typer.Exit(2)
+    t0 = time.monotonic()
+    try:
+        started = _run_with_progress(sup, only)
+    except (supervisor.StartError, MavenError) as e:
+        raise _fail(e) from None
+    status = sup.status()
+    if json_out:
+        print(json.dumps(status))
+    else:
+        console.print(_status_table(status))
+        took = time.monotonic() - t0
+        if started:
+            console.print(f"started {len(started)} server(s) in {took:.1f}s")
+        else:
+            console.print("everything was already running; nothing changed")
+    if not all(s["healthy"] for n, s in status.items() if not only or _comp_of(sup, n) in only):
+        raise typer.Exit(1)
+
+
+def _comp_of(sup: supervisor.Supervisor, server: str) -> str:
+    return sup.all_servers()[server][0].name
+
+
+def _run_with_progress(sup: supervisor.Supervisor, only: list[str] | None) -> list[str]:
+    if not console.is_terminal:
+        t0 = time.monotonic()
+
+        def line(name: str, msg: str) -> None:
+            console.print(f"[{time.monotonic() - t0:6.1f}s] {name}: {msg}", highlight=False)
+
+        return sup.up(line, only)
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+    ) as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def report(name: str, msg: str) -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(name, total=1)
+            done = msg in ("ready", "failed")
+            progress.update(tasks[name], description=f"{name}: {msg}", completed=1 if done else 0)
+
+        return sup.up(report, only)
+
+
+@app.command()
+def down(
+    wipe: Annotated[
+        bool, typer.Option(help="Also delete the stack's data, configs and logs.")
+    ] = False,
+) -> None:
+    """Stop exactly the processes `up` started (by pid), dependents first."""
+    sup = _supervisor()
+
+    def report(name: str, msg: str) -> None:
+        console.print(f"{name}: {msg}", highlight=False)
+
+    stopped = sup.down(report)
+    console.print(f"stopped {len(stopped)} server(s)")
+    if wipe and sup.layout.home.exists():
+        shutil.rmtree(sup.layout.home)
+        console.print(f"removed {sup.layout.home}")
+
+
+@app.command()
+def status(
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object: name -> state.")
+    ] = False,
+) -> None:
+    """Each server's address, pid and whether it answers a real request now."""
+    st = _supervisor().status()
+    if json_out:
+        print(json.dumps(st))
+    else:
+        console.print(_status_table(st))
+
+
+@app.command()
+def logs(
+    name: Annotated[str, typer.Argument(help="Server name, as `likes local status` lists it.")],
+    lines: Annotated[int, typer.Option("-n", "--lines", help="How many lines from the end.")] = 50,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new lines.")
+    ] = False,
+) -> None:
+    """Show a server's log."""
+    sup = _supervisor()
+    if name not in sup.all_servers():
+        err.print(f"[red]error:[/] no server named {name!r}; known: {list(sup.all_servers())}")
+        raise typer.Exit(2)
+    path = sup.layout.log_file(name)
+    if not path.exists():
+        err.print(f"[yellow]{name} has no log yet ({path})[/]")
+        raise typer.Exit(1)
+    sys.stdout.write(supervisor.tail(path, lines) + "\n")
+    if follow:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            try:
+                while True:
+                    chunk = f.read()
+                    if chunk:
+                        sys.stdout.write(chunk.decode(errors="replace"))
+                        sys.stdout.flush()
+                    else:
+                        time.sleep(0.3)
+            except KeyboardInterrupt:
+                pass
+
+
+@app.command()
+def stop(
+    name: Annotated[str, typer.Argument(help="Server name, as `likes local status` lists it.")],
+    kill: Annotated[
+        bool, typer.Option("--kill", help="SIGKILL, no clean shutdown (drills).")
+    ] = False,
+) -> None:
+    """Stop one server (`likes local up` starts it again)."""
+    sup = _supervisor()
+    if name not in sup.all_servers():
+        err.print(f"[red]error:[/] no server named {name!r}; known: {list(sup.all_servers())}")
+        raise typer.Exit(2)
+    was = sup.kill(name) if kill else sup.stop(name)
+    console.print(f"{name}: {'stopped' if was else 'was not running'}")

@@ -1,0 +1,145 @@
+"""The count-cache (a Redis Cluster of 3 primaries + 3 replicas) and the AOF idem-store.
+
+Both from Debian's redis-server. The cluster uses a short node timeout so a killed primary fails
+over to its replica within a few seconds on a laptop (production keeps Redis's defaults).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import redis
+
+from local.components.base import Component, ProbeFailed, Server, wait_until
+from local.layout import HOST
+
+CLUSTER_NODE_TIMEOUT_MS = 2000
+
+
+def redis_server_bin() -> str:
+    return shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def ping_probe(port: int) -> None:
+    try:
+        with redis.Redis(host=HOST, port=port, socket_timeout=1, socket_connect_timeout=1) as r:
+            r.ping()
+    except redis.RedisError as e:
+        raise ProbeFailed(f"redis {HOST}:{port}: {e}") from e
+
+
+class CountCache(Component):
+    name = "count-cache"
+
+    def servers(self) -> list[Server]:
+        return [
+            Server(
+                name=f"count-cache-{i + 1}",
+                argv=[redis_server_bin(), str(self.layout.conf / f"count-cache-{port}.conf")],
+                address=f"{HOST}:{port}",
+                probe=lambda port=port: ping_probe(port),  # type: ignore[misc]
+                start_timeout=30,
+                stop_timeout=10,
+            )
+            for i, port in enumerate(self.layout.ports.count_cache)
+        ]
+
+    def prepare(self) -> None:
+        self.layout.ensure()
+        for port in self.layout.ports.count_cache:
+            d = self.layout.data / f"count-cache-{port}"
+            d.mkdir(parents=True, exist_ok=True)
+            (self.layout.conf / f"count-cache-{port}.conf").write_text(
+                "\n".join(
+                    [
+                        f"bind {HOST}",
+                        f"port {port}",
+                        "protected-mode no",
+                        "daemonize no",
+                        f"dir {d}",
+                        "cluster-enabled yes",
+                        "cluster-config-file nodes.conf",
+                        f"cluster-node-timeout {CLUSTER_NODE_TIMEOUT_MS}",
+                        # a cache: RDB snapshots only keep node restarts warm; no AOF
+                        "appendonly no",
+                        "save 60 1000",
+                        "maxmemory 256mb",
+                        "maxmemory-policy allkeys-lru",
+                        "",
+                    ]
+                )
+            )
+
+    def bootstrap(self) -> None:
+        ports = self.layout.ports.count_cache
+        if not self._formed(ports[0]):
+            cmd = ["redis-cli", "--cluster", "create"]
+            cmd += [f"{HOST}:{p}" for p in ports]
+            cmd += ["--cluster-replicas", "1", "--cluster-yes"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if proc.returncode != 0:
+                raise ProbeFailed(f"redis-cli --cluster create failed:\n{proc.stdout}{proc.stderr}")
+        wait_until(lambda: self._check_ok(ports), timeout=60, interval=0.5)
+
+    @staticmethod
+    def _info(port: int) -> dict[str, str]:
+        with redis.Redis(host=HOST, port=port, socket_timeout=2, decode_responses=True) as r:
+            raw = r.execute_command("CLUSTER", "INFO")
+        if isinstance(raw, dict):
+            return {str(k): str(v) for k, v in raw.items()}
+        return dict(line.split(":", 1) for line in str(raw).splitlines() if ":" in line)
+
+    def _formed(self, port: int) -> bool:
+        info = self._info(port)
+        return int(info.get("cluster_known_nodes", "1")) > 1
+
+    def _check_ok(self, ports: list[int]) -> None:
+        for p in ports:
+            info = self._info(p)
+            if info.get("cluster_state") != "ok" or info.get("cluster_slots_assigned") != "16384":
+                raise ProbeFailed(
+                    f"count-cache node {p}: cluster_state={info.get('cluster_state')}"
+                )
+
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        return [(HOST, p) for p in self.layout.ports.count_cache]
+
+
+class IdemStore(Component):
+    name = "idem-store"
+
+    def servers(self) -> list[Server]:
+        port = self.layout.ports.idem_store
+        return [
+            Server(
+                name="idem-store",
+                argv=[redis_server_bin(), str(self.layout.conf / "idem-store.conf")],
+                address=f"{HOST}:{port}",
+                probe=lambda: ping_probe(port),
+                start_timeout=30,
+                stop_timeout=10,
+            )
+        ]
+
+    def prepare(self) -> None:
+        self.layout.ensure()
+        port = self.layout.ports.idem_store
+        d = self.layout.data / "idem-store"
+        d.mkdir(parents=True, exist_ok=True)
+        (self.layout.conf / "idem-store.conf").write_text(
+            "\n".join(
+                [
+                    f"bind {HOST}",
+                    f"port {port}",
+                    "protected-mode no",
+                    "daemonize no",
+                    f"dir {d}",
+                    # idempotency keys must survive a restart: a lost key means a double count
+                    "appendonly yes",
+                    "appendfsync everysec",
+                    "maxmemory-policy noeviction",
+                    "",
+                ]
+            )
+        )

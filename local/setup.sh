@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One setup path for a fresh machine, safe to rerun: Debian packages, the Python environment
+# (.venv), and the Maven artifacts of Kafka and Cassandra. pip's and Maven's caches are reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+# 1. Debian packages: the servers of the local stack and the JVM toolchain.
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need+=(maven)
+command -v make >/dev/null || need+=(make)
+if [ ${#need[@]} -gt 0 ]; then
+  say "installing Debian packages: ${need[*]}"
+  $SUDO apt-get update -qq
+  # no service auto-start: the stack runs its own servers on its own ports
+  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends \
+    "${need[@]}" >/dev/null
+  # Debian may have started its own copies; they listen on default ports we do not use, but
+  # they are not ours to keep running on a dev box
+  for svc in redis-server etcd prometheus prometheus-alertmanager; do
+    $SUDO service "$svc" stop >/dev/null 2>&1 || true
+  done
+else
+  say "Debian packages present"
+fi
+
+# 2. Python: one virtualenv with this repository installed editable, redone when pyproject moves.
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.likes-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing Python packages into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+else
+  say "Python environment up to date"
+fi
+
+# 3. Maven: resolve the Kafka and Cassandra classpaths (jars land in ~/.m2, reused next time).
+say "resolving Kafka and Cassandra from Maven Central"
+.venv/bin/python -m local.maven kafka cassandra
+say "setup done"

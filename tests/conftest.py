@@ -1,0 +1,134 @@
+"""Test session plumbing: the real local stack, started once through the `likes` CLI.
+
+The tests' stack lives apart from a developer's (its own LIKES_HOME and a port offset), starts from
+nothing, and is stopped at the end unless LIKES_KEEP_STACK=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from local import components, layout, supervisor
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_HOME = Path(os.environ.get("LIKES_TEST_HOME", REPO / ".stack-test"))
+TEST_OFFSET = int(os.environ.get("LIKES_TEST_PORT_OFFSET", "1000"))
+LIKES = str(Path(sys.executable).parent / "likes")
+
+
+@dataclass
+class Stack:
+    """Handles onto the running test stack: addresses, the supervisor, the CLI."""
+
+    layout: layout.Layout
+    env: dict[str, str]
+    first_up: subprocess.CompletedProcess[str]
+    stopped_servers: list[str] = field(default_factory=list)
+
+    @property
+    def supervisor(self) -> supervisor.Supervisor:
+        return supervisor.Supervisor(self.layout, components.build(self.layout))
+
+    def cli(
+        self, *args: str, check: bool = True, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [LIKES, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"likes {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    def up(self) -> dict[str, dict[str, object]]:
+        """Rerun the idempotent `likes local up`: restarts whatever a test stopped."""
+        return json.loads(self.cli("local", "up", "--json").stdout.splitlines()[-1])
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return json.loads(self.cli("local", "status", "--json").stdout)
+
+    # addresses, from the same Layout the CLI uses
+    @property
+    def host(self) -> str:
+        return layout.HOST
+
+    @property
+    def count_cache_nodes(self) -> list[tuple[str, int]]:
+        return [(layout.HOST, p) for p in self.layout.ports.count_cache]
+
+    @property
+    def idem_port(self) -> int:
+        return self.layout.ports.idem_store
+
+    @property
+    def etcd_port(self) -> int:
+        return self.layout.ports.etcd_client
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return ",".join(
+            f"{layout.HOST}:{p}"
+            for p in self.layout.ports.kafka_brokers[: self.layout.kafka_brokers]
+        )
+
+    @property
+    def cassandra_port(self) -> int:
+        return self.layout.ports.cassandra_native
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://{layout.HOST}:{self.layout.ports.schema_registry}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{layout.HOST}:{self.layout.ports.prometheus}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://{layout.HOST}:{self.layout.ports.alertmanager}"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["LIKES_HOME"] = str(TEST_HOME)
+    env["LIKES_PORT_OFFSET"] = str(TEST_OFFSET)
+    env.pop("LIKES_KAFKA_BROKERS", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    env = _env()
+    # from nothing: stop a leftover test stack and wipe its data
+    subprocess.run([LIKES, "local", "down", "--wipe"], env=env, capture_output=True, timeout=300)
+    if TEST_HOME.exists():
+        shutil.rmtree(TEST_HOME)
+    first = subprocess.run(
+        [LIKES, "local", "up", "--json"], env=env, capture_output=True, text=True, timeout=900
+    )
+    home = TEST_HOME.resolve()
+    brokers = layout.recorded_brokers(home) or 3
+    lay = layout.Layout(home=home, ports=layout.Ports(TEST_OFFSET), kafka_brokers=brokers)
+    s = Stack(layout=lay, env=env, first_up=first)
+    if first.returncode != 0:
+        pytest.fail(
+            f"`likes local up` failed ({first.returncode}):\n{first.stdout}\n{first.stderr}"
+        )
+    yield s
+    if os.environ.get("LIKES_KEEP_STACK") != "1":
+        subprocess.run([LIKES, "local", "down"], env=env, capture_output=True, timeout=300)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tests marked `last` (the stack's teardown check) run after everything else
+    items.sort(key=lambda it: it.get_closest_marker("last") is not None)

@@ -1,0 +1,200 @@
+"""The local stack itself: every component up, idempotent, answering real client calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import aetcd
+import httpx
+import pytest
+import redis
+from cassandra.cluster import Cluster
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from redis.cluster import RedisCluster
+
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+
+
+def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None:
+    status = json.loads(stack.first_up.stdout.splitlines()[-1])
+    expected = {
+        "etcd", "idem-store", "cassandra", "schema-registry", "prometheus", "alertmanager",
+        *(f"count-cache-{i}" for i in range(1, 7)),
+        *(f"kafka-{i}" for i in range(1, stack.layout.kafka_brokers + 1)),
+    }  # fmt: skip
+    assert set(status) == expected
+    unhealthy = {n: s for n, s in status.items() if not s["healthy"] or not s["pid"]}
+    assert not unhealthy, unhealthy
+    assert all(isinstance(s["address"], str) and s["address"] for s in status.values())
+
+
+def test_second_up_changes_nothing(stack: Stack) -> None:
+    before = stack.status()
+    proc = stack.cli("local", "up")
+    assert "nothing changed" in proc.stdout
+    after = stack.status()
+    assert {n: s["pid"] for n, s in after.items()} == {n: s["pid"] for n, s in before.items()}
+
+
+def test_count_cache_is_a_cluster_serving_keys_in_different_slots(stack: Stack) -> None:
+    rc = RedisCluster(
+        startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in stack.count_cache_nodes],
+        decode_responses=True,
+    )
+    try:
+        keys = [f"count:{uuid.uuid4()}" for _ in range(50)]
+        slots = {rc.keyslot(k) for k in keys}
+        owners = {rc.get_node_from_key(k).name for k in keys}
+        assert len(owners) == 3, "50 random keys should land on all three primaries"
+        for i, k in enumerate(keys):
+            rc.set(k, i)
+        assert [int(rc.get(k)) for k in keys] == list(range(50))
+        assert len(slots) > 40
+        replicas = [n for n in rc.get_nodes() if n.server_type == "replica"]
+        assert len(replicas) == 3
+    finally:
+        rc.close()
+
+
+def test_idem_store_is_aof_and_keeps_keys_across_a_restart(stack: Stack) -> None:
+    r = redis.Redis(host=stack.host, port=stack.idem_port, decode_responses=True)
+    assert r.config_get("appendonly") == {"appendonly": "yes"}
+    key = f"idem:u1:p1:{uuid.uuid4()}"
+    r.set(key, json.dumps({"state": "liked"}), ex=86400)
+    pid_before = stack.status()["idem-store"]["pid"]
+    stack.cli("local", "stop", "idem-store")
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(host=stack.host, port=stack.idem_port).ping()
+    status = stack.up()
+    assert status["idem-store"]["pid"] != pid_before
+    r = redis.Redis(host=stack.host, port=stack.idem_port, decode_responses=True)
+    assert json.loads(r.get(key) or "null") == {"state": "liked"}
+    assert 0 < r.ttl(key) <= 86400
+
+
+def test_etcd_put_get_watch(stack: Stack) -> None:
+    async def go() -> None:
+        prefix = f"/likes/test/{uuid.uuid4()}/".encode()
+        async with aetcd.Client(host=stack.host, port=stack.etcd_port) as client:
+            await client.put(prefix + b"a", b"1")
+            got = await client.get(prefix + b"a")
+            assert got is not None and got.value == b"1"
+            watch = await client.watch_prefix(prefix)
+            seen: list[bytes] = []
+
+            async def consume() -> None:
+                async for event in watch:
+                    seen.append(event.kv.value)
+                    if len(seen) == 2:
+                        return
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.2)
+            await client.put(prefix + b"b", b"2")
+            await client.put(prefix + b"c", b"3")
+            await asyncio.wait_for(task, 10)
+            await watch.cancel()
+            assert seen == [b"2", b"3"]
+
+    asyncio.run(go())
+
+
+def test_kafka_acks_all_produce_and_committed_group_offset(stack: Stack) -> None:
+    brokers = stack.layout.kafka_brokers
+    topic = f"test.stack.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    fut = admin.create_topics(
+        [NewTopic(topic, 3, brokers, config={"min.insync.replicas": str(min(2, brokers))})]
+    )[topic]
+    fut.result(30)
+    md = admin.list_topics(topic, timeout=10).topics[topic]
+    assert all(len(p.replicas) == brokers for p in md.partitions.values())
+
+    prod = Producer({"bootstrap.servers": stack.kafka_bootstrap, "acks": "all",
+                     "enable.idempotence": True})  # fmt: skip
+    errors: list[KafkaError] = []
+    for i in range(20):
+        prod.produce(topic, key=str(i % 3), value=f"v{i}",
+                     on_delivery=lambda err, _m: errors.append(err) if err else None)  # fmt: skip
+    assert prod.flush(30) == 0 and not errors
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    conf = {"bootstrap.servers": stack.kafka_bootstrap, "group.id": group,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False}  # fmt: skip
+    c = Consumer(conf)
+    c.subscribe([topic])
+    got: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(got) < 10 and time.monotonic() < deadline:
+        m = c.poll(1.0)
+        if m is not None and m.error() is None:
+            got.append(m.value().decode())
+            c.commit(message=m, asynchronous=False)
+    committed = c.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
+    c.close()
+    assert len(got) >= 10
+    assert sum(tp.offset for tp in committed if tp.offset >= 0) == len(got)
+
+    # a new member of the same group resumes after the committed offsets: sees only the rest
+    c2 = Consumer(conf)
+    c2.subscribe([topic])
+    rest: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(got) + len(rest) < 20 and time.monotonic() < deadline:
+        m = c2.poll(1.0)
+        if m is not None and m.error() is None:
+            rest.append(m.value().decode())
+    c2.close()
+    assert sorted(got + rest) == sorted(f"v{i}" for i in range(20))
+
+
+def test_cassandra_create_insert_select_and_repository_schema(stack: Stack) -> None:
+    cluster = Cluster(["127.0.0.1"], port=stack.cassandra_port)
+    session = cluster.connect()
+    try:
+        ks = f"t_{uuid.uuid4().hex[:8]}"
+        session.execute(
+            f"CREATE KEYSPACE {ks} WITH replication = {{'class': 'SimpleStrategy', "
+            "'replication_factor': 1}"
+        )
+        session.execute(f"CREATE TABLE {ks}.kv (k text PRIMARY KEY, v int)")
+        session.execute(f"INSERT INTO {ks}.kv (k, v) VALUES (%s, %s)", ("a", 41))
+        row = session.execute(f"SELECT v FROM {ks}.kv WHERE k = %s", ("a",)).one()
+        assert row.v == 41
+        session.execute(f"DROP KEYSPACE {ks}")
+        tables = {
+            r.table_name
+            for r in session.execute(
+                "SELECT table_name FROM system_schema.tables WHERE keyspace_name = 'likes'"
+            )
+        }
+        assert {"edges", "outbox"} <= tables, tables
+    finally:
+        cluster.shutdown()
+
+
+def test_prometheus_and_alertmanager_ready_and_wired(stack: Stack) -> None:
+    assert httpx.get(f"{stack.prometheus_url}/-/ready", timeout=5).status_code == 200
+    assert httpx.get(f"{stack.alertmanager_url}/-/ready", timeout=5).status_code == 200
+    # the generated scrape config covers the stack's metrics endpoints, and they are up
+    deadline = time.monotonic() + 60
+    while True:
+        targets = httpx.get(f"{stack.prometheus_url}/api/v1/targets", timeout=5).json()
+        health = {t["labels"]["job"]: t["health"] for t in targets["data"]["activeTargets"]}
+        if {"prometheus", "alertmanager", "etcd"} <= set(health) and set(health.values()) == {"up"}:
+            break
+        assert time.monotonic() < deadline, health
+        time.sleep(1)
+    # the always-firing Watchdog travels Prometheus -> Alertmanager
+    while True:
+        alerts = httpx.get(f"{stack.alertmanager_url}/api/v2/alerts", timeout=5).json()
+        if any(a["labels"].get("alertname") == "Watchdog" for a in alerts):
+            break
+        assert time.monotonic() < deadline + 60, alerts
+        time.sleep(1)
