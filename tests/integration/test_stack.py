@@ -174,7 +174,7 @@ def test_cassandra_create_insert_select_and_repository_schema(stack: Stack) -> N
                 "SELECT table_name FROM system_schema.tables WHERE keyspace_name = 'likes'"
             )
         }
-        assert {"edges", "outbox"} <= tables, tables
+        assert {"edges", "outbox_pending", "counter_cells"} <= tables, tables
     finally:
         cluster.shutdown()
 

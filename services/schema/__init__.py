@@ -1,0 +1,1 @@
+"""Store schemas shared by the local stack and production's migration job."""
