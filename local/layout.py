@@ -61,6 +61,22 @@ class Ports:
         return self._p(8081)
 
     @property
+    def write(self) -> int:
+        return self._p(8100)
+
+    @property
+    def read(self) -> int:
+        return self._p(8200)
+
+    @property
+    def relay(self) -> int:
+        return self._p(8300)  # metrics/health only
+
+    @property
+    def aggregator(self) -> int:
+        return self._p(8400)  # metrics/health only
+
+    @property
     def prometheus(self) -> int:
         return self._p(9090)
 

@@ -270,3 +270,7 @@ class Kafka(Component):
                 raise ProbeFailed(f"brokers {sorted(md.brokers)} of {sorted(want)} registered")
 
         wait_until(all_brokers, timeout=60.0, interval=0.5)
+        # the event spine's topics, with the settings the services rely on
+        from services.contracts import topics
+
+        topics.ensure(servers, self.count, topics.local_specs())

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+import httpx
+
 from local.components import kafka
 from local.components.base import Component, Server, http_probe
 from local.layout import HOST, REPO_ROOT, Layout
@@ -51,3 +53,14 @@ class SchemaRegistry(Component):
                 start_timeout=90.0,
             )
         ]
+
+    def bootstrap(self) -> None:
+        # production's registry runs with FORWARD as its default level (infra/schema_registry.py):
+        # a new event schema must stay readable by consumers still on the old one
+        r = httpx.put(
+            f"{self.url}/config",
+            json={"compatibility": "FORWARD"},
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+            timeout=10,
+        )
+        r.raise_for_status()

@@ -1,0 +1,88 @@
+"""One factory per store, configured from Settings, so every service talks to them the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from redis.cluster import ClusterNode, RedisCluster
+
+from services.contracts import events
+from services.contracts.settings import Settings
+
+
+def count_cache(settings: Settings, timeout: float = 0.5) -> RedisCluster:
+    """The count-cache cluster. Short timeouts: a read falls through rather than waits."""
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        decode_responses=True,
+        cluster_error_retry_attempts=1,
+    )
+
+
+def idem_store(settings: Settings, timeout: float = 0.5) -> redis.Redis:
+    return redis.Redis.from_url(
+        settings.idem_store_url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        decode_responses=True,
+    )
+
+
+def cassandra(settings: Settings, request_timeout: float = 2.0) -> tuple[Cluster, Session]:
+    """A session on the likes keyspace; requests time out fast so writes 503 instead of hang."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        request_timeout=request_timeout,
+    )
+    cluster = Cluster(
+        settings.cassandra_hosts.split(","),
+        port=settings.cassandra_port,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        connect_timeout=request_timeout,
+        protocol_version=5,
+    )
+    return cluster, cluster.connect(settings.cassandra_keyspace)
+
+
+def schema_registry(settings: Settings) -> SchemaRegistryClient:
+    return SchemaRegistryClient({"url": settings.schema_registry_url, "timeout": 2})
+
+
+def like_serializer(registry: SchemaRegistryClient) -> AvroSerializer:
+    # auto-register: the first producer of a new schema version registers it, and the registry's
+    # FORWARD check rejects an incompatible one at publish time
+    return AvroSerializer(
+        registry,
+        events.LIKE_EVENT_SCHEMA,
+        to_dict=lambda e, _ctx: e.to_dict() if isinstance(e, events.LikeEvent) else e,
+        conf={"auto.register.schemas": True},
+    )
+
+
+def like_deserializer(registry: SchemaRegistryClient) -> AvroDeserializer:
+    return AvroDeserializer(
+        registry,
+        events.LIKE_EVENT_SCHEMA,
+        from_dict=lambda d, _ctx: events.LikeEvent.from_dict(d),
+    )
+
+
+def producer(settings: Settings, **overrides: Any) -> Producer:
+    """acks=all + idempotence: a broker loss neither loses nor duplicates an acked event."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": 2,
+        "compression.type": "lz4",
+    }
+    conf.update(overrides)
+    return Producer(conf)

@@ -1,0 +1,75 @@
+"""The like event: its Avro schema, topics, and the (de)serializers bound to the registry."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+AVRO_DIR = Path(__file__).resolve().parent / "avro"
+LIKE_EVENT_SCHEMA = (AVRO_DIR / "like_event.avsc").read_text()
+
+COMMITTED = "likes.committed"
+VOIDED = "likes.voided"
+UNVOIDED = "likes.unvoided"
+DEAD_LETTER = "likes.dead-letter"
+EVENT_TOPICS = (COMMITTED, VOIDED, UNVOIDED)
+
+Action = Literal["like", "unlike", "void", "unvoid"]
+
+
+@dataclass(frozen=True)
+class LikeEvent:
+    event_id: str
+    intent_uuid: str
+    user_id: str
+    post_id: str
+    action: Action
+    reaction: str
+    delta: int
+    region: str
+    shard: int
+    occurred_at: int  # epoch milliseconds
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        intent_uuid: str,
+        user_id: str,
+        post_id: str,
+        action: Action,
+        reaction: str,
+        delta: int,
+        region: str,
+        shard: int = 0,
+    ) -> LikeEvent:
+        return cls(
+            event_id=str(uuid.uuid4()),
+            intent_uuid=intent_uuid,
+            user_id=user_id,
+            post_id=post_id,
+            action=action,
+            reaction=reaction,
+            delta=delta,
+            region=region,
+            shard=shard,
+            occurred_at=int(time.time() * 1000),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LikeEvent:
+        at = d["occurred_at"]
+        if not isinstance(at, int):  # fastavro turns timestamp-millis into a datetime
+            at = int(at.timestamp() * 1000)
+        return cls(**{**{k: d[k] for k in cls.__dataclass_fields__}, "occurred_at": at})
+
+
+def subject(topic: str) -> str:
+    """Confluent's default TopicNameStrategy."""
+    return f"{topic}-value"

@@ -1,0 +1,44 @@
+"""Key names of the count-cache, idem-store and etcd, in one place.
+
+The braces are Redis Cluster hash tags: every key of one post (aggregate, sub-counters) lands in
+the same slot, so one MGET reads them all; a user's Bloom filter and its scratch key likewise.
+"""
+
+from __future__ import annotations
+
+ETCD_PREFIX = "/likes/"
+HOTKEYS_PREFIX = ETCD_PREFIX + "hotkeys/"
+HEAT_PREFIX = ETCD_PREFIX + "heat/"
+SPLIT_PREFIX = ETCD_PREFIX + "split/"
+FLAGS_PREFIX = ETCD_PREFIX + "flags/"
+
+SPLIT_FACTOR = 8  # sub-keys post_id:0..7 of a split (hot) post
+
+
+def count_key(post_id: str) -> str:
+    return f"count:{{{post_id}}}"
+
+
+def sub_key(post_id: str, shard: int) -> str:
+    return f"count:{{{post_id}}}:s{shard}"
+
+
+def sub_keys(post_id: str, shards: int = SPLIT_FACTOR) -> list[str]:
+    return [sub_key(post_id, n) for n in range(shards)]
+
+
+def idem_key(user_id: str, post_id: str, intent_uuid: str) -> str:
+    return f"idem:{user_id}:{post_id}:{intent_uuid}"
+
+
+def bloom_key(user_id: str) -> str:
+    return f"bloom:{{{user_id}}}"
+
+
+def bloom_scratch_key(user_id: str) -> str:
+    return f"bloom:{{{user_id}}}:tmp"
+
+
+def kafka_key(post_id: str, shard: int) -> str:
+    """Partition key: a split post spreads over SPLIT_FACTOR keys (and so partitions)."""
+    return post_id if shard == 0 else f"{post_id}:{shard}"
