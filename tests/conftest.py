@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from local import components, layout, supervisor
+from local.components.services import service_env
+from services.contracts.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = Path(os.environ.get("LIKES_TEST_HOME", REPO / ".stack-test"))
@@ -92,6 +94,14 @@ class Stack:
     @property
     def prometheus_url(self) -> str:
         return f"http://{layout.HOST}:{self.layout.ports.prometheus}"
+
+    def settings(self, **overrides: object) -> Settings:
+        """Service settings pointing at this stack (what `likes local up` gives its services)."""
+        env = service_env(self.layout)
+        values: dict[str, object] = {
+            k.removeprefix("LIKES_").lower(): v for k, v in env.items() if k.startswith("LIKES_")
+        }
+        return Settings(**{**values, **overrides})
 
     @property
     def alertmanager_url(self) -> str:
