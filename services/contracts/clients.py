@@ -5,8 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra import DriverException
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    Session,
+)
+from cassandra.connection import OperationTimedOut
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    TokenAwarePolicy,
+)
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
@@ -36,6 +48,14 @@ def idem_store(settings: Settings, timeout: float = 0.5) -> redis.Redis:
     )
 
 
+# everything the driver raises when a request cannot be served: answer 503 / degrade on these
+CASSANDRA_ERRORS: tuple[type[Exception], ...] = (
+    DriverException,
+    NoHostAvailable,
+    OperationTimedOut,
+)
+
+
 def cassandra(settings: Settings, request_timeout: float = 2.0) -> tuple[Cluster, Session]:
     """A session on the likes keyspace; requests time out fast so writes 503 instead of hang."""
     profile = ExecutionProfile(
@@ -48,6 +68,9 @@ def cassandra(settings: Settings, request_timeout: float = 2.0) -> tuple[Cluster
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=request_timeout,
         protocol_version=5,
+        # the driver's default backs off to 10 minutes: a node back after a restart would stay
+        # unused for a minute or more
+        reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=5.0),
     )
     return cluster, cluster.connect(settings.cassandra_keyspace)
 

@@ -1,0 +1,72 @@
+"""A small client for the like API. Retries a write with the SAME Idempotency-Key, so a retry
+can never count twice; used by the tests, the demo and the load tools."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+
+class RetryableStatus(Exception):
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}: {response.text[:200]}")
+        self.response = response
+
+
+@dataclass
+class LikesClient:
+    write_url: str
+    read_url: str
+    token: str | None = None
+    timeout: float = 5.0
+    attempts: int = 5
+
+    def _headers(self, token: str | None) -> dict[str, str]:
+        tok = token or self.token
+        return {"Authorization": f"Bearer {tok}"} if tok else {}
+
+    def like(
+        self,
+        post_id: str,
+        action: str = "like",
+        *,
+        reaction: str = "like",
+        idempotency_key: str | None = None,
+        token: str | None = None,
+    ) -> httpx.Response:
+        """POST /v1/likes; 5xx, 429 and transport errors are retried with the same key."""
+        key = idempotency_key or str(uuid.uuid4())
+        body = {"post_id": post_id, "action": action, "reaction": reaction}
+        headers = {**self._headers(token), "Idempotency-Key": key}
+        for attempt in Retrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            retry=retry_if_exception_type((httpx.TransportError, RetryableStatus)),
+            reraise=True,
+        ):
+            with attempt:
+                r = httpx.post(
+                    f"{self.write_url}/v1/likes", json=body, headers=headers, timeout=self.timeout
+                )
+                if r.status_code >= 500 or r.status_code == 429:
+                    raise RetryableStatus(r)
+        return r
+
+    def count(self, post_id: str, token: str | None = None) -> dict[str, Any]:
+        r = httpx.get(
+            f"{self.read_url}/v1/posts/{post_id}/likes",
+            headers=self._headers(token),
+            timeout=self.timeout,
+        )
+        r.raise_for_status()
+        data: dict[str, Any] = r.json()
+        return data

@@ -1,0 +1,102 @@
+"""Machine-readable errors, RED metrics per route, and the health/readiness/metrics routes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from starlette.routing import Match
+
+REQUESTS = Counter(
+    "likes_http_requests_total", "HTTP requests by route and status", ["service", "route", "status"]
+)
+DURATION = Histogram(
+    "likes_http_request_duration_seconds",
+    "HTTP request duration by route",
+    ["service", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+
+
+class ApiError(Exception):
+    """An answer other than success: HTTP status, a stable code, a message, optional headers."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def _route_template(app: FastAPI, request: Request) -> str:
+    # label by route template, never by raw path: post ids would explode the series count
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match == Match.FULL:
+            return getattr(route, "path", "other")
+    return "unmatched"
+
+
+def install(
+    app: FastAPI, service: str, ready: Callable[[], Awaitable[dict[str, bool]]] | None = None
+) -> None:
+    """Errors as JSON, RED metrics middleware, /healthz, /readyz and /metrics."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(
+            error_body(exc.code, exc.message), status_code=exc.status, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        return JSONResponse(
+            error_body("invalid_request", "the request is not valid", details=details),
+            status_code=422,
+        )
+
+    @app.middleware("http")
+    async def _metrics(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        route = _route_template(app, request)
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            DURATION.labels(service, route).observe(time.perf_counter() - t0)
+            REQUESTS.labels(service, route, str(status)).inc()
+
+    ops = APIRouter(tags=["ops"])
+
+    @ops.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @ops.get("/readyz")
+    async def readyz() -> JSONResponse:
+        checks = await ready() if ready else {}
+        ok = all(checks.values())
+        return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+    @ops.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(ops)

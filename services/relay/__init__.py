@@ -1,0 +1,1 @@
+"""The outbox relay: publishes outbox rows the write path could not, within seconds."""

@@ -1,0 +1,1 @@
+"""The like-write service: POST /v1/likes, accepted once, never lost."""

@@ -1,0 +1,95 @@
+"""POST /v1/likes."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.common.http import ApiError
+from services.contracts import auth
+from services.write import core
+
+router = APIRouter(prefix="/v1", tags=["likes"])
+
+# ':' is reserved for sub-keys of split posts (post_id:n); braces would break Redis hash tags
+POST_ID = r"^[A-Za-z0-9_.\-]{1,128}$"
+MAX_BODY_BYTES = 4096
+
+
+class LikeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    post_id: str = Field(pattern=POST_ID)
+    action: Literal["like", "unlike"]
+    reaction: str = Field(default="like", pattern=r"^[a-z_]{1,32}$")
+    user_id: str | None = Field(default=None, description="optional; must be the caller")
+
+
+class LikeAccepted(BaseModel):
+    intent_uuid: str
+    state: Literal["liked", "unliked"]
+    changed: bool
+
+
+def _retry_503(dependency: str) -> ApiError:
+    return ApiError(
+        503,
+        f"{dependency.replace('-', '_')}_unavailable",
+        f"{dependency} is unavailable; nothing was written, retry with the same Idempotency-Key",
+        headers={"Retry-After": "1"},
+    )
+
+
+@router.post(
+    "/likes",
+    status_code=202,
+    response_model=LikeAccepted,
+    responses={400: {}, 401: {}, 403: {}, 409: {}, 413: {}, 422: {}, 503: {}},
+)
+async def post_like(
+    request: Request,
+    body: LikeRequest,
+    authorization: Annotated[str | None, Header()] = None,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> JSONResponse:
+    """Like or unlike a post as the caller. A replay of the same Idempotency-Key returns the
+    first answer and changes nothing."""
+    settings = request.app.state.settings
+    try:
+        user_id = auth.verify(settings, authorization)
+    except auth.AuthError as e:
+        raise ApiError(401, e.code, str(e), headers={"WWW-Authenticate": "Bearer"}) from e
+    if body.user_id is not None and body.user_id != user_id:
+        raise ApiError(403, "forbidden_user", "you can only like as yourself")
+    intent_uuid = _parse_key(idempotency_key)
+    intent = core.Intent(user_id, body.post_id, body.action, body.reaction, intent_uuid)
+    writer: core.LikeWriter = request.app.state.writer
+    try:
+        out = await run_in_threadpool(writer.write, intent)
+    except core.Unavailable as e:
+        raise _retry_503(e.dependency) from e
+    except core.KeyReused as e:
+        raise ApiError(
+            409,
+            "idempotency_key_reused",
+            "this Idempotency-Key was already used for a different request",
+        ) from e
+    headers = {"Idempotent-Replayed": "true"} if out.replayed else {}
+    return JSONResponse(out.body(), status_code=202, headers=headers)
+
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def _parse_key(raw: str | None) -> str:
+    if raw is None or not raw.strip():
+        raise ApiError(400, "missing_idempotency_key", "the Idempotency-Key header is required")
+    if not _UUID.match(raw.strip()):
+        raise ApiError(400, "malformed_idempotency_key", "Idempotency-Key must be a UUID")
+    return str(uuid.UUID(raw.strip()))

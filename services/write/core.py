@@ -1,0 +1,339 @@
+"""The write path in the seed's order: idem-store GET → edge + outbox in one partition-local
+conditional BATCH → publish → idem SET → 202.
+
+The edge-store is also the durable dedup: every applied intent leaves an `intent` row (24 h TTL)
+in the user's partition, written in the same BATCH as the edge, so a retry whose idem key was never
+SET (a crash between commit and SET) finds its intent and cannot apply a second time, even after
+later intents changed the edge (invariant 7: like → unlike → like, any retry order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import redis
+from cassandra.cluster import Session
+from cassandra.query import BatchStatement, BatchType, ConsistencyLevel
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from services.contracts import bloom, events, keys
+from services.contracts.clients import CASSANDRA_ERRORS
+
+log = logging.getLogger("write")
+
+IDEM_TTL_S = 86400
+OUTBOX_SHARDS = 16
+Action = Literal["like", "unlike"]
+
+
+class Unavailable(Exception):
+    """A dependency the write must not proceed without is down: answer 503 + Retry-After."""
+
+    def __init__(self, dependency: str, detail: str) -> None:
+        super().__init__(f"{dependency} unavailable: {detail}")
+        self.dependency = dependency
+
+
+class KeyReused(Exception):
+    """The Idempotency-Key was already used for a different request."""
+
+
+@dataclass(frozen=True)
+class Intent:
+    user_id: str
+    post_id: str
+    action: Action
+    reaction: str
+    intent_uuid: str
+
+    @property
+    def target_state(self) -> str:
+        return "liked" if self.action == "like" else "unliked"
+
+    @property
+    def fingerprint(self) -> str:
+        raw = f"{self.post_id}\x00{self.action}\x00{self.reaction}"
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    intent_uuid: str
+    state: str
+    changed: bool
+    replayed: bool = False
+    event_id: str | None = None
+    published: bool = False
+
+    def body(self) -> dict[str, Any]:
+        return {"intent_uuid": self.intent_uuid, "state": self.state, "changed": self.changed}
+
+
+def outbox_shard(user_id: str) -> int:
+    return zlib.crc32(user_id.encode()) % OUTBOX_SHARDS
+
+
+class Statements:
+    """Prepared once per session."""
+
+    def __init__(self, session: Session) -> None:
+        p = session.prepare
+        self.marker = p(
+            "INSERT INTO outbox_pending (bucket, shard, created_at, event_id, user_id) "
+            "VALUES (?, ?, ?, ?, ?)"
+        )
+        self.intent = p(
+            "INSERT INTO edges (user_id, kind, ref, state, intent_uuid, updated_at) "
+            "VALUES (?, 'intent', ?, ?, ?, ?) IF NOT EXISTS USING TTL 86400"
+        )
+        # like: from no edge or 'unliked'; unlike: only from 'liked' (an unlike of nothing is a
+        # no-op, never a -1)
+        self.to_liked = p(
+            "UPDATE edges SET state = 'liked', reaction = ?, void = false, updated_at = ?, "
+            "intent_uuid = ? WHERE user_id = ? AND kind = 'edge' AND ref = ? IF state != 'liked'"
+        )
+        self.to_unliked = p(
+            "UPDATE edges SET state = 'unliked', reaction = ?, updated_at = ?, intent_uuid = ? "
+            "WHERE user_id = ? AND kind = 'edge' AND ref = ? IF state = 'liked'"
+        )
+        self.outbox = p(
+            "INSERT INTO edges (user_id, kind, ref, post_id, topic, kafka_key, payload, "
+            "created_at, published, intent_uuid) VALUES (?, 'outbox', ?, ?, ?, ?, ?, ?, false, ?)"
+        )
+        self.edge_state = p(
+            "SELECT state FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+        )
+        self.delete_outbox = p(
+            "DELETE FROM edges WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
+        )
+        self.delete_marker = p(
+            "DELETE FROM outbox_pending WHERE bucket = ? AND shard = ? AND created_at = ? "
+            "AND event_id = ?"
+        )
+
+
+class Publisher:
+    """A Kafka producer with a poll thread; `publish` returns a future of the delivery."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="kafka-poll", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.producer.poll(0.1)
+
+    def publish(self, topic: str, key: str, value: bytes) -> Future[None]:
+        fut: Future[None] = Future()
+
+        def done(err: KafkaError | None, _msg: Message) -> None:
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(str(err)))
+
+        try:
+            self.producer.produce(topic, key=key.encode(), value=value, on_delivery=done)
+        except BufferError as e:  # local queue full: the outbox relay will publish it
+            fut.set_exception(e)
+        return fut
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.producer.flush(timeout)
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+class LikeWriter:
+    def __init__(
+        self,
+        *,
+        session: Session,
+        idem: redis.Redis,
+        publisher: Publisher,
+        serialize: Callable[[events.LikeEvent, SerializationContext], bytes | None],
+        region: str,
+        shard_for: Callable[[str], int] = lambda _post: 0,
+        publish_wait_s: float = 2.0,
+        count_cache: Any = None,
+    ) -> None:
+        self.session = session
+        self.idem = idem
+        self.publisher = publisher
+        self.serialize = serialize
+        self.region = region
+        self.shard_for = shard_for  # split posts spread their events over sub-keys
+        self.publish_wait_s = publish_wait_s
+        self.count_cache = count_cache  # for the liker's Bloom filter bit
+        self.q = Statements(session)
+
+    # -- idem-store -------------------------------------------------------------------------
+    def _idem_get(self, it: Intent) -> Outcome | None:
+        try:
+            raw = self.idem.get(keys.idem_key(it.user_id, it.post_id, it.intent_uuid))
+        except redis.RedisError as e:
+            raise Unavailable("idem-store", str(e)) from e
+        if raw is None:
+            return None
+        stored = json.loads(str(raw))
+        if stored.get("fp") != it.fingerprint:
+            raise KeyReused(it.intent_uuid)
+        return Outcome(it.intent_uuid, stored["state"], stored["changed"], replayed=True)
+
+    def _idem_set(self, it: Intent, out: Outcome) -> None:
+        value = {
+            "state": out.state,
+            "changed": out.changed,
+            "event_id": out.event_id,
+            "fp": it.fingerprint,
+            "ts": int(time.time()),
+        }
+        try:
+            self.idem.set(
+                keys.idem_key(it.user_id, it.post_id, it.intent_uuid), json.dumps(value),
+                ex=IDEM_TTL_S,
+            )  # fmt: skip
+        except redis.RedisError as e:
+            # the like is committed and its intent row dedups any retry: still a 202
+            log.warning("idem SET failed after commit", extra={"fields": {"error": str(e)}})
+
+    # -- the write --------------------------------------------------------------------------
+    def write(self, it: Intent) -> Outcome:
+        cached = self._idem_get(it)  # 1. before any side effect; down → fail closed
+        if cached is not None:
+            return cached
+
+        shard = self.shard_for(it.post_id)
+        delta = 1 if it.action == "like" else -1
+        event = events.LikeEvent.new(
+            intent_uuid=it.intent_uuid, user_id=it.user_id, post_id=it.post_id,
+            action=it.action, reaction=it.reaction, delta=delta, region=self.region, shard=shard,
+        )  # fmt: skip
+        try:  # serialize first: the outbox row keeps the exact bytes that get published
+            payload = self.serialize(
+                event, SerializationContext(events.COMMITTED, MessageField.VALUE)
+            )
+        except Exception as e:  # the registry is unreachable or refuses the schema
+            raise Unavailable("schema-registry", str(e)) from e
+        if payload is None:
+            raise Unavailable("schema-registry", "the serializer produced no value")
+
+        now = datetime.now(UTC)
+        intent_id = uuid.UUID(it.intent_uuid)
+        event_id = uuid.UUID(event.event_id)
+        bucket = int(now.timestamp() // 60)
+        oshard = outbox_shard(it.user_id)
+        try:
+            # 2a. the relay's work-list marker, before the batch (see 002_tables.cql)
+            self.session.execute(self.q.marker, (bucket, oshard, now, event_id, it.user_id))
+            # 2b. intent + edge transition + outbox row: one partition, one Paxos round
+            batch = BatchStatement(
+                batch_type=BatchType.UNLOGGED,
+                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+            )
+            batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+            batch.add(self.q.intent, (it.user_id, it.intent_uuid, it.target_state, intent_id, now))
+            transition = self.q.to_liked if it.action == "like" else self.q.to_unliked
+            batch.add(transition, (it.reaction, now, intent_id, it.user_id, it.post_id))
+            batch.add(
+                self.q.outbox,
+                (
+                    it.user_id,
+                    event.event_id,
+                    it.post_id,
+                    events.COMMITTED,
+                    keys.kafka_key(it.post_id, shard),
+                    payload,
+                    now,
+                    intent_id,
+                ),
+            )
+            rows = list(self.session.execute(batch))
+        except CASSANDRA_ERRORS as e:
+            raise Unavailable("edge-store", str(e)) from e
+
+        applied = bool(rows and rows[0].applied)
+        if not applied:
+            out = self._not_applied(it, rows, now)
+            self._idem_set(it, out)
+            return out
+
+        if it.action == "like" and self.count_cache is not None:
+            # the liker's has_liked turns true at once; the aggregator sets the same bit again
+            # before it commits the event, so a failure here is only a short delay
+            try:
+                bloom.add(self.count_cache, it.user_id, it.post_id)
+            except Exception as e:
+                log.warning(
+                    "bloom add deferred to the aggregator", extra={"fields": {"error": str(e)}}
+                )
+
+        # 3. publish; a failure or a slow ack still answers 202: the outbox row stays for the relay
+        published = False
+        fut = self.publisher.publish(events.COMMITTED, keys.kafka_key(it.post_id, shard), payload)
+        fut.add_done_callback(
+            lambda f: self._after_publish(f, it.user_id, event.event_id, bucket, oshard, now)
+        )
+        try:
+            fut.result(timeout=self.publish_wait_s)
+            published = True
+        except Exception as e:
+            log.warning("publish deferred to the outbox relay", extra={"fields": {"error": str(e)}})
+        out = Outcome(it.intent_uuid, it.target_state, True, event_id=event.event_id,
+                      published=published)  # fmt: skip
+        self._idem_set(it, out)  # 4.
+        return out
+
+    def _not_applied(self, it: Intent, rows: list[Any], now: datetime) -> Outcome:
+        """The batch did not apply: either this intent was applied before (a retry whose idem
+        key is missing) or the edge is already in the target state (a no-op that counts nothing).
+        """
+        # a failed LWT returns the current rows it checked (none when a row does not exist)
+        by_kind = {getattr(r, "kind", None): r for r in rows}
+        if "intent" in by_kind:  # a replay: answer what the intent produced
+            return Outcome(it.intent_uuid, by_kind["intent"].state, False, replayed=True)
+        # a no-op; record the intent so a late retry of it cannot apply after a later change
+        try:
+            res = self.session.execute(
+                self.q.intent,
+                (it.user_id, it.intent_uuid, it.target_state, uuid.UUID(it.intent_uuid), now),
+            ).one()
+        except CASSANDRA_ERRORS as e:
+            raise Unavailable("edge-store", str(e)) from e
+        if res is not None and not res.applied and res.state:
+            return Outcome(it.intent_uuid, res.state, False, replayed=True)
+        state = getattr(by_kind.get("edge"), "state", None) or "unliked"
+        return Outcome(it.intent_uuid, state, False)
+
+    def _after_publish(
+        self, fut: Future[None], user_id: str, event_id: str, bucket: int, oshard: int,
+        created: datetime,
+    ) -> None:  # fmt: skip
+        """Once Kafka has the event, the outbox row and its marker are done with."""
+        if fut.exception() is not None:
+            return
+        try:
+            self.session.execute(self.q.delete_outbox, (user_id, event_id))
+            self.session.execute(
+                self.q.delete_marker, (bucket, oshard, created, uuid.UUID(event_id))
+            )
+        except CASSANDRA_ERRORS as e:  # harmless: the relay sees the row published... or not
+            log.warning("outbox cleanup failed", extra={"fields": {"error": str(e)}})
+
+    def has_liked(self, user_id: str, post_id: str) -> bool:
+        row = self.session.execute(self.q.edge_state, (user_id, post_id)).one()
+        return bool(row and row.state == "liked")

@@ -1,0 +1,71 @@
+"""The write service's app: settings, clients in the lifespan, routers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from services.common import http, observability
+from services.contracts import clients
+from services.contracts.settings import Settings
+from services.write import api, core, splits
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    observability.setup_logging("write", settings.log_level)
+    observability.setup_tracing("write", settings.otlp_endpoint)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cluster, session = clients.cassandra(settings)
+        registry = clients.schema_registry(settings)
+        serializer = clients.like_serializer(registry)
+        publisher = core.Publisher(clients.producer(settings, **{"message.timeout.ms": 10000}))
+        split_view = splits.split_view(settings)
+        await split_view.start()  # polls in the background; no etcd → nothing split
+        app.state.settings = settings
+        app.state.writer = core.LikeWriter(
+            session=session,
+            idem=clients.idem_store(settings),
+            publisher=publisher,
+            serialize=serializer,
+            region=settings.region,
+            count_cache=clients.count_cache(settings),
+            shard_for=splits.SplitRouter(split_view).shard_for,
+        )
+        yield
+        await split_view.close()
+        publisher.close()
+        cluster.shutdown()
+
+    app = FastAPI(title="likes write", version="1", lifespan=lifespan)
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > api.MAX_BODY_BYTES:
+            return JSONResponse(
+                http.error_body("body_too_large", f"the body exceeds {api.MAX_BODY_BYTES} bytes"),
+                status_code=413,
+            )
+        return await call_next(request)
+
+    async def ready() -> dict[str, bool]:
+        writer: core.LikeWriter = app.state.writer
+        checks = {}
+        try:
+            checks["idem-store"] = bool(writer.idem.ping())
+        except Exception:
+            checks["idem-store"] = False
+        checks["edge-store"] = bool(writer.session.cluster.metadata.all_hosts())
+        return checks
+
+    http.install(app, "write", ready)
+    app.include_router(api.router)
+    return app

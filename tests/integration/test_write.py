@@ -1,0 +1,232 @@
+"""The write path against the real stack: accepted once, never lost, bad input refused.
+
+The write app runs in-process (TestClient) with settings pointing at the test stack, so each test
+can stop a server under it and watch what the service answers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from cassandra.cluster import Session
+from confluent_kafka import Consumer, TopicPartition
+from fastapi.testclient import TestClient
+
+from services.contracts import auth, clients, events, keys
+from services.write.main import create_app
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def app_client(stack: Stack) -> Iterator[TestClient]:
+    with TestClient(create_app(stack.settings())) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def cql(stack: Stack) -> Iterator[Session]:
+    cluster, session = clients.cassandra(stack.settings())
+    yield session
+    cluster.shutdown()
+
+
+def token(stack: Stack, user: str) -> str:
+    return auth.issue_token(stack.settings(), user)
+
+
+def post_like(
+    c: TestClient, stack: Stack, user: str, post: str, action: str = "like", key: str | None = None
+) -> tuple[int, dict[str, object], dict[str, str]]:
+    r = c.post(
+        "/v1/likes",
+        json={"post_id": post, "action": action},
+        headers={
+            "Authorization": f"Bearer {token(stack, user)}",
+            "Idempotency-Key": key or str(uuid.uuid4()),
+        },
+    )
+    return r.status_code, r.json(), dict(r.headers)
+
+
+def edge_state(cql: Session, user: str, post: str) -> str | None:
+    row = cql.execute(
+        "SELECT state FROM edges WHERE user_id = %s AND kind = 'edge' AND ref = %s", (user, post)
+    ).one()
+    return row.state if row else None
+
+
+def outbox_rows(cql: Session, user: str) -> list[object]:
+    return list(cql.execute("SELECT * FROM edges WHERE user_id = %s AND kind = 'outbox'", (user,)))
+
+
+def events_for(
+    stack: Stack, intent_uuids: set[str], want: int, timeout: float = 30
+) -> list[events.LikeEvent]:
+    """Consume likes.committed from the beginning; the events of these intents."""
+    deser = clients.like_deserializer(clients.schema_registry(stack.settings()))
+    c = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4()}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    md = c.list_topics(events.COMMITTED, timeout=10).topics[events.COMMITTED]
+    parts = [TopicPartition(events.COMMITTED, p, 0) for p in md.partitions]
+    ends = {p.partition: c.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+    c.assign(parts)
+    found: list[events.LikeEvent] = []
+    deadline = time.monotonic() + timeout
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    while time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            try:
+                ev = deser(m.value(), SerializationContext(m.topic(), MessageField.VALUE))
+            except Exception:
+                continue  # another test's deliberately broken (poison) message
+            if ev.intent_uuid in intent_uuids:
+                found.append(ev)
+        if len(found) >= want:
+            # read on to the end of what was there, to see duplicates too
+            pos = {tp.partition: tp.offset for tp in c.position(parts)}
+            if all(pos[p] >= ends[p] for p in ends):
+                break
+        elif m is None:
+            ends = {p.partition: c.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+    c.close()
+    return found
+
+
+def test_like_is_written_published_and_remembered(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    user, post, key = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}", str(uuid.uuid4())
+    status, body, _ = post_like(app_client, stack, user, post, key=key)
+    assert status == 202, body
+    assert body == {"intent_uuid": key, "state": "liked", "changed": True}
+    assert edge_state(cql, user, post) == "liked"
+    evs = events_for(stack, {key}, want=1)
+    assert [(e.user_id, e.post_id, e.action, e.delta) for e in evs] == [(user, post, "like", 1)]
+    idem = redis.Redis(host=stack.host, port=stack.idem_port, decode_responses=True)
+    stored = json.loads(idem.get(keys.idem_key(user, post, key)) or "{}")
+    assert stored["state"] == "liked" and 0 < idem.ttl(keys.idem_key(user, post, key)) <= 86400
+    # the published event's outbox row is cleaned up once Kafka acked it
+    deadline = time.monotonic() + 10
+    while outbox_rows(cql, user) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert outbox_rows(cql, user) == []
+
+
+def test_retry_storm_with_one_key_is_applied_once(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    user, post, key = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}", str(uuid.uuid4())
+    results: list[tuple[int, dict[str, object]]] = []
+
+    def hit() -> None:
+        s, b, _ = post_like(app_client, stack, user, post, key=key)
+        results.append((s, b))
+
+    threads = [threading.Thread(target=hit) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(s == 202 for s, _ in results), results
+    assert {b["state"] for _, b in results} == {"liked"}
+    assert sum(1 for _, b in results if b["changed"]) == 1
+    evs = events_for(stack, {key}, want=1, timeout=15)
+    assert len(evs) == 1
+
+
+def test_like_on_a_liked_edge_changes_nothing(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    user, post = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+    k1, k2, k3 = (str(uuid.uuid4()) for _ in range(3))
+    assert post_like(app_client, stack, user, post, key=k1)[1]["changed"] is True
+    s, body, _ = post_like(app_client, stack, user, post, key=k2)
+    assert s == 202 and body == {"intent_uuid": k2, "state": "liked", "changed": False}
+    # an unlike of something never liked is a no-op too, never a -1
+    s, body, _ = post_like(app_client, stack, user, f"p-{uuid.uuid4()}", "unlike", key=k3)
+    assert s == 202 and body["changed"] is False and body["state"] == "unliked"
+    assert len(events_for(stack, {k1, k2, k3}, want=1, timeout=10)) == 1
+
+
+def test_interleaved_like_unlike_retries_final_state_wins(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    user, post = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+    a, b, c = (str(uuid.uuid4()) for _ in range(3))
+    assert post_like(app_client, stack, user, post, "like", a)[0] == 202
+    assert post_like(app_client, stack, user, post, "unlike", b)[0] == 202
+    idem = redis.Redis(host=stack.host, port=stack.idem_port)
+    # the worst case: the idem keys were lost (e.g. a crash before the SET); late retries of the
+    # first like and the unlike arrive, in the wrong order, after the final like
+    assert post_like(app_client, stack, user, post, "like", c)[0] == 202
+    idem.delete(keys.idem_key(user, post, a), keys.idem_key(user, post, b))
+    for action, key in [("unlike", b), ("like", a), ("unlike", b), ("like", a)]:
+        s, body, _ = post_like(app_client, stack, user, post, action, key)
+        assert s == 202 and body["changed"] is False, body
+    assert edge_state(cql, user, post) == "liked"
+    evs = events_for(stack, {a, b, c}, want=3)
+    assert sorted((e.intent_uuid, e.delta) for e in evs) == sorted([(a, 1), (b, -1), (c, 1)])
+    assert sum(e.delta for e in evs) == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "code"),
+    [
+        ("no_key", 400, "missing_idempotency_key"),
+        ("bad_key", 400, "malformed_idempotency_key"),
+        ("bad_action", 422, "invalid_request"),
+        ("bad_post_id", 422, "invalid_request"),
+        ("oversized", 413, "body_too_large"),
+        ("not_json", 422, "invalid_request"),
+        ("no_token", 401, "missing_token"),
+        ("forged_token", 401, "invalid_token"),
+        ("other_user", 403, "forbidden_user"),
+    ],
+)
+def test_bad_input_gets_a_clear_4xx_and_writes_nothing(
+    stack: Stack, app_client: TestClient, cql: Session, case: str, status: int, code: str
+) -> None:
+    user, post = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+    body: object = {"post_id": post, "action": "like"}
+    headers = {
+        "Authorization": f"Bearer {token(stack, user)}",
+        "Idempotency-Key": str(uuid.uuid4()),
+    }
+    content: bytes | None = None
+    if case == "no_key":
+        del headers["Idempotency-Key"]
+    elif case == "bad_key":
+        headers["Idempotency-Key"] = "not-a-uuid"
+    elif case == "bad_action":
+        body = {"post_id": post, "action": "love"}
+    elif case == "bad_post_id":
+        body = {"post_id": post + ":3", "action": "like"}
+    elif case == "oversized":
+        body = {"post_id": post, "action": "like", "pad": "x" * 10_000}
+    elif case == "not_json":
+        content = b"{not json"
+        headers["Content-Type"] = "application/json"
+    elif case == "no_token":
+        del headers["Authorization"]
+    elif case == "forged_token":
+        headers["Authorization"] = "Bearer " + token(stack, user)[:-4] + "AAAA"
+    elif case == "other_user":
+        body = {"post_id": post, "action": "like", "user_id": "someone-else"}
+    if content is not None:
+        r = app_client.post("/v1/likes", content=content, headers=headers)
+    else:
+        r = app_client.post("/v1/likes", json=body, headers=headers)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code
+    assert edge_state(cql, user, post) is None
+    assert outbox_rows(cql, user) == []

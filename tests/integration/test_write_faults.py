@@ -1,0 +1,139 @@
+"""The write path under faults: idem-store down fails closed, Cassandra down fails fast, Kafka
+down still accepts (the outbox relay publishes once it is back)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from cassandra.cluster import Session
+from fastapi.testclient import TestClient
+
+from services.contracts import clients
+from services.relay.core import OutboxRelay
+from services.write.core import Publisher
+from services.write.main import create_app
+from tests.conftest import Stack
+from tests.integration.test_write import edge_state, events_for, outbox_rows, post_like
+
+pytestmark = [pytest.mark.stack, pytest.mark.disruptive]
+
+
+@pytest.fixture(scope="module")
+def app_client(stack: Stack) -> Iterator[TestClient]:
+    with TestClient(create_app(stack.settings())) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def cql(stack: Stack) -> Iterator[Session]:
+    # the services' own client: reconnects within seconds once Cassandra is back
+    cluster, session = clients.cassandra(stack.settings())
+    yield session
+    cluster.shutdown()
+
+
+def wait_for_cql(cql: Session, timeout: float = 60) -> None:
+    """The test's own driver session notices a restarted node on its own schedule."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cql.execute("SELECT release_version FROM system.local")
+            return
+        except clients.CASSANDRA_ERRORS:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_idem_store_down_fails_closed_and_writes_nothing(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    user, post = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+    stack.cli("local", "stop", "idem-store")
+    try:
+        s, body, headers = post_like(app_client, stack, user, post)
+        assert s == 503, body
+        assert body["error"]["code"] == "idem_store_unavailable"
+        assert headers.get("retry-after") == "1"
+        assert edge_state(cql, user, post) is None and outbox_rows(cql, user) == []
+    finally:
+        stack.up()
+    assert post_like(app_client, stack, user, post)[0] == 202
+
+
+def test_cassandra_down_fails_fast_with_503(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    user, post, key = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}", str(uuid.uuid4())
+    stack.cli("local", "stop", "cassandra")
+    try:
+        t0 = time.monotonic()
+        s, body, headers = post_like(app_client, stack, user, post, key=key)
+        took = time.monotonic() - t0
+        assert s == 503, body
+        assert body["error"]["code"] == "edge_store_unavailable"
+        assert headers.get("retry-after") == "1"
+        print(f"write answered 503 {took:.2f}s after Cassandra went away")
+    finally:
+        stack.up()
+    # the client retries with the same key once it is back: accepted exactly once
+    deadline = time.monotonic() + 60
+    while True:
+        s, body, _ = post_like(app_client, stack, user, post, key=key)
+        if s == 202 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert s == 202 and body["changed"] is True
+    wait_for_cql(cql)
+    assert edge_state(cql, user, post) == "liked"
+
+
+def test_kafka_down_still_202_and_relay_drains_after_restart(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    users = [f"u-{uuid.uuid4()}" for _ in range(5)]
+    post = f"p-{uuid.uuid4()}"
+    keys_: list[str] = []
+    brokers = [f"kafka-{i}" for i in range(1, stack.layout.kafka_brokers + 1)]
+    for b in brokers:
+        stack.cli("local", "stop", "--kill", b)
+    try:
+        for u in users:
+            k = str(uuid.uuid4())
+            keys_.append(k)
+            s, body, _ = post_like(app_client, stack, u, post, key=k)
+            assert s == 202 and body["changed"] is True, body
+        # accepted and durable: every edge and its outbox row is in the edge-store
+        wait_for_cql(cql)
+        assert all(edge_state(cql, u, post) == "liked" for u in users)
+        assert all(len(outbox_rows(cql, u)) == 1 for u in users)
+    finally:
+        stack.up()
+
+    settings = stack.settings()
+    cluster, session = clients.cassandra(settings)
+    publisher = Publisher(clients.producer(settings))
+    relay = OutboxRelay(session, publisher)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            relay.run_once()
+            stop.wait(0.5)
+
+    t = threading.Thread(target=loop)
+    t.start()
+    try:
+        evs = events_for(stack, set(keys_), want=len(keys_), timeout=60)
+    finally:
+        stop.set()
+        t.join()
+        publisher.close()
+        cluster.shutdown()
+    # each like published (at least once; consumers dedup on intent_uuid), none lost
+    assert {e.intent_uuid for e in evs} == set(keys_)
+    assert all(outbox_rows(cql, u) == [] for u in users)
