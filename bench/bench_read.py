@@ -1,0 +1,363 @@
+"""Read service throughput and latency against a one-Redis-GET baseline, on warm counts.
+
+    LIKES_HOME=... LIKES_PORT_OFFSET=... .venv/bin/python bench/bench_read.py \
+        [--concurrency 32] [--duration 10] [--posts 1000]
+
+Needs a running local stack (`likes local up`). Seeds `--posts` aggregates (and a sub-counter per
+post for the baseline), then serves, each with uvicorn in its own process on the same machine:
+  1. the baseline: a bare ASGI app answering every request with one Redis GET on the same
+     count-cache cluster, and
+  2. the read service (`services.read.main:create_app`),
+and drives each with the same load generator, also a separate process (a minimal keep-alive
+HTTP/1.1 client, so the client is not the bottleneck), at a fixed concurrency:
+  a. anonymous GET /v1/posts/{id}/likes (the CDN-miss shape),
+  b. authenticated GET (adds JWT verification and the user's Bloom filter; the filter says "no"),
+  c. POST /v1/posts/likes:batch with 50 ids (per request; one pipeline),
+and prints requests/s, p50, p99 and the ratios to the baseline. No assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+# -- the baseline server ------------------------------------------------------------------------
+
+
+def baseline_app() -> Any:
+    """A bare ASGI app: one Redis GET per request, a tiny JSON body; nothing else."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    from services.contracts import keys
+    from services.contracts.settings import Settings
+
+    settings = Settings()
+    rc = RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+        socket_timeout=0.25,
+        socket_connect_timeout=0.25,
+    )
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await rc.initialize()
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await rc.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        post_id = scope["path"].split("/")[3] if scope["path"].count("/") >= 3 else "x"
+        value = await rc.get(keys.sub_key(post_id, 0))
+        body = b'{"count":' + (value if isinstance(value, bytes) else b"null") + b"}"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+# -- the load generator (its own process) ---------------------------------------------------------
+
+
+async def _worker(
+    host: str, port: int, requests: list[bytes], deadline: float, warm_until: float
+) -> list[float]:
+    reader, writer = await asyncio.open_connection(host, port)
+    latencies: list[float] = []
+    i = random.randrange(len(requests))
+    try:
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= deadline:
+                break
+            writer.write(requests[i % len(requests)])
+            i += 1
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+                elif line.lower() == b"transfer-encoding: chunked":
+                    raise RuntimeError("chunked responses are not supported by this client")
+            await reader.readexactly(length)
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {head[:200]!r}")
+            if t0 >= warm_until:
+                latencies.append(time.perf_counter() - t0)
+    finally:
+        writer.close()
+    return latencies
+
+
+async def _load(
+    host: str, port: int, requests: list[bytes], concurrency: int, duration: float, warmup: float
+) -> dict[str, float]:
+    start = time.perf_counter()
+    warm_until = start + warmup
+    deadline = warm_until + duration
+    parts = await asyncio.gather(
+        *(_worker(host, port, requests, deadline, warm_until) for _ in range(concurrency))
+    )
+    lat = sorted(x for p in parts for x in p)
+    if not lat:
+        return {"rps": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"), "n": 0}
+    return {
+        "rps": len(lat) / duration,
+        "p50_ms": statistics.median(lat) * 1000,
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        "n": len(lat),
+    }
+
+
+def loadgen_main(spec: dict[str, Any]) -> None:
+    reqs = [bytes.fromhex(r) for r in spec["requests"]]
+    out = asyncio.run(
+        _load(
+            spec["host"],
+            spec["port"],
+            reqs,
+            spec["concurrency"],
+            spec["duration"],
+            spec["warmup"],
+        )
+    )
+    print(json.dumps(out))
+
+
+def run_load(
+    port: int, requests: list[bytes], concurrency: int, duration: float, warmup: float
+) -> dict[str, float]:
+    spec = {
+        "host": "127.0.0.1",
+        "port": port,
+        "requests": [r.hex() for r in requests],
+        "concurrency": concurrency,
+        "duration": duration,
+        "warmup": warmup,
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, "--loadgen"],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=duration + warmup + 120,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the load generator failed:\n{proc.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def get(path: str, headers: dict[str, str] | None = None) -> bytes:
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    return f"GET {path} HTTP/1.1\r\nHost: bench\r\n{extra}\r\n".encode()
+
+
+def post_json(path: str, body: dict[str, Any]) -> bytes:
+    raw = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(raw)}\r\n\r\n"
+    )
+    return head.encode() + raw
+
+
+def _tier_counts(port: int) -> dict[str, float]:
+    import httpx
+
+    out: dict[str, float] = {}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text.splitlines():
+        if line.startswith(("likes_read_tier_total{", "likes_read_has_liked_total{")):
+            name, value = line.rsplit(" ", 1)
+            out[name.split('"')[1]] = float(value)
+    return out
+
+
+# -- orchestration --------------------------------------------------------------------------------
+
+
+def serve(argv: list[str], env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+    import httpx
+
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code < 500:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{argv} exited {proc.returncode}")
+        time.sleep(0.2)
+    proc.terminate()
+    raise RuntimeError(f"{argv} did not come up on {port}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--posts", type=int, default=1000)
+    ap.add_argument("--port", type=int, default=18480, help="baseline port; the service's is +1")
+    ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.loadgen:
+        loadgen_main(json.loads(sys.stdin.read()))
+        return
+
+    import json as _json
+
+    from redis.cluster import ClusterNode, RedisCluster
+
+    from local import layout
+    from services.contracts import auth, bloom, keys
+    from services.contracts.settings import Settings
+
+    lay = layout.from_env()
+    ports = lay.ports
+    env = dict(os.environ)
+    env.update(
+        {
+            "LIKES_COUNT_CACHE_NODES": ",".join(f"{layout.HOST}:{p}" for p in ports.count_cache),
+            "LIKES_CASSANDRA_PORT": str(ports.cassandra_native),
+            "LIKES_ETCD_PORT": str(ports.etcd_client),
+            "LIKES_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    settings = Settings(count_cache_nodes=env["LIKES_COUNT_CACHE_NODES"])
+
+    # warm counts: the aggregate the service reads, and a plain key the baseline GETs
+    rc = RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+        decode_responses=True,
+    )
+    run = uuid.uuid4().hex[:8]
+    post_ids = [f"bench-{run}-{i}" for i in range(args.posts)]
+    pipe = rc.pipeline()
+    now_ms = int(time.time() * 1000)
+    for i, p in enumerate(post_ids):
+        pipe.hset(
+            keys.count_key(p),
+            mapping={
+                "count": i,
+                "gen": 1,
+                "reactions": _json.dumps({"like": i, "love": i // 3}),
+                "last_fresh": now_ms,
+            },
+        )
+        pipe.set(keys.sub_key(p, 0), i)
+    pipe.execute()
+    user = f"bench-user-{run}"
+    bloom.add(rc, user, f"not-a-bench-post-{run}")  # a filter that says "no" to every bench post
+    token = auth.issue_token(settings, user)
+
+    uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log"]
+    uvicorn += ["--log-level", "warning"]
+    base_port, read_port = args.port, args.port + 1
+    scenarios: list[tuple[str, int, list[bytes]]] = [
+        ("baseline: one Redis GET", base_port, [get(f"/v1/posts/{p}/likes") for p in post_ids]),
+        ("read: anonymous GET", read_port, [get(f"/v1/posts/{p}/likes") for p in post_ids]),
+        (
+            "read: authenticated GET",
+            read_port,
+            [get(f"/v1/posts/{p}/likes", {"Authorization": f"Bearer {token}"}) for p in post_ids],
+        ),
+        (
+            "read: batch of 50 (per request)",
+            read_port,
+            [
+                post_json("/v1/posts/likes:batch", {"post_ids": random.sample(post_ids, 50)})
+                for _ in range(200)
+            ],
+        ),
+    ]
+    procs = []
+    try:
+        procs.append(
+            serve(
+                [*uvicorn, "--port", str(base_port), "--factory", "bench.bench_read:baseline_app"],
+                env,
+                base_port,
+            )
+        )
+        procs.append(
+            serve(
+                [
+                    *uvicorn,
+                    "--port",
+                    str(read_port),
+                    "--factory",
+                    "services.read.main:create_app",
+                ],
+                env,
+                read_port,
+            )
+        )
+        results = []
+        for name, port, reqs in scenarios:
+            r = run_load(port, reqs, args.concurrency, args.duration, args.warmup)
+            results.append((name, r))
+            print(
+                f"{name:34s} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:7.2f} ms  "
+                f"p99 {r['p99_ms']:7.2f} ms",
+                flush=True,
+            )
+        # which tiers answered: a fall-through under load (a missed Redis deadline) shows here
+        tiers = _tier_counts(read_port)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        rc.delete(*[keys.bloom_key(user)])
+        for i in range(0, len(post_ids), 200):
+            for p in post_ids[i : i + 200]:
+                rc.delete(keys.count_key(p), keys.sub_key(p, 0))
+        rc.close()
+
+    base = results[0][1]
+    print("\nread service answers by tier:", ", ".join(f"{t}={n:.0f}" for t, n in tiers.items()))
+    print(f"\nconcurrency {args.concurrency}, {args.duration:.0f} s per scenario, warm counts")
+    for name, r in results[1:]:
+        print(
+            f"{name:34s} throughput {r['rps'] / base['rps']:5.2f}x baseline, "
+            f"p50 {r['p50_ms'] / base['p50_ms']:5.2f}x, p99 {r['p99_ms'] / base['p99_ms']:5.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

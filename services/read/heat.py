@@ -1,0 +1,126 @@
+"""Per-post CDN heat → the `Cache-Control: max-age` of anonymous answers.
+
+A viral post gets a short edge TTL (5 s) so its count moves; a cold post 30 s. The heat hint lives
+in etcd at `/likes/heat/<post_id>` ("hot", or a TTL in seconds); the hot-key sampler will write it.
+`HeatSource` is the seam: the read service only asks `ttl(post_id)`, which must never block or
+fail, so the etcd implementation serves an in-memory copy refreshed in the background and keeps
+the last known values while etcd is unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+import aetcd
+
+from services.contracts import keys
+
+log = logging.getLogger("read.heat")
+
+HOT_TTL_S = 5
+COLD_TTL_S = 30
+
+
+def ttl_for(hint: str | None) -> int:
+    """The edge TTL for a heat hint: "hot" → 5 s, a number → that many seconds clamped to
+    [5, 30], anything else (no hint, garbage) → 30 s."""
+    if hint is None:
+        return COLD_TTL_S
+    hint = hint.strip().lower()
+    if hint in ("hot", "viral"):
+        return HOT_TTL_S
+    try:
+        seconds = int(float(hint))
+    except ValueError:
+        return COLD_TTL_S
+    return min(COLD_TTL_S, max(HOT_TTL_S, seconds))
+
+
+class HeatSource(Protocol):
+    def ttl(self, post_id: str) -> int: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+class StaticHeat:
+    """Fixed hints (tests, benchmarks, a service without etcd)."""
+
+    def __init__(self, hints: Mapping[str, str] | None = None) -> None:
+        self.hints = dict(hints or {})
+
+    def ttl(self, post_id: str) -> int:
+        return ttl_for(self.hints.get(post_id))
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class EtcdHeat:
+    """Polls the heat prefix (a small set: only hot posts carry a hint) every `interval_s`."""
+
+    def __init__(
+        self, host: str, port: int, *, interval_s: float = 1.0, timeout_s: float = 1.0
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.hints: dict[str, str] = {}
+        self.last_ok = False
+        self._task: asyncio.Task[None] | None = None
+        self._client: aetcd.Client | None = None
+
+    def ttl(self, post_id: str) -> int:
+        return ttl_for(self.hints.get(post_id))
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="heat-poll")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._drop_client()
+
+    async def refresh(self) -> None:
+        """One poll; raises if etcd is unreachable (the caller keeps the previous hints)."""
+        if self._client is None:
+            self._client = aetcd.Client(host=self.host, port=self.port, timeout=self.timeout_s)
+        prefix = keys.HEAT_PREFIX.encode()
+        result = await asyncio.wait_for(self._client.get_prefix(prefix), self.timeout_s)
+        hints: dict[str, str] = {}
+        for kv in result:
+            post_id = kv.key[len(prefix) :].decode(errors="replace")
+            hints[post_id] = kv.value.decode(errors="replace")
+        self.hints = hints  # swap whole: readers never see a half-built map
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+                if not self.last_ok:
+                    log.info("heat hints loaded", extra={"fields": {"posts": len(self.hints)}})
+                self.last_ok = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # etcd down: keep serving the last known hints
+                if self.last_ok:
+                    log.warning("etcd unreachable; keeping last heat hints",
+                                extra={"fields": {"error": repr(e)}})  # fmt: skip
+                self.last_ok = False
+                await self._drop_client()
+            await asyncio.sleep(self.interval_s)
+
+    async def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()

@@ -1,0 +1,155 @@
+"""The read path's part in the hot-key loop.
+
+- `SampleMirror`: a fraction of reads (1% by default) goes to the hot-key sampler, the local
+  stand-in for the gateway's mirror. `offer` only appends to a bounded buffer; a background task
+  posts batches, so the answer never waits on the sampler, and a slow one only loses samples.
+- `HotPoolCountCache`: hot posts (the operator's `/likes/hotpool/<post>`) read their aggregate
+  from a random hot-pool replica, others (and any replica miss or error) from the count-cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import Sequence
+
+import httpx
+from prometheus_client import Counter
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.asyncio import Redis
+
+from services.contracts import hotkeys, keys
+from services.read.core import Aggregate, CountCache
+from services.read.stores import parse_aggregate
+
+log = logging.getLogger("read.hotkeys")
+
+MIRRORED = Counter("likes_read_mirrored_total", "Sampled reads", ["result"])
+HOT_POOL_READS = Counter("likes_read_hot_pool_total", "Hot-pool reads", ["result"])
+
+
+class MirrorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LIKES_", extra="ignore")
+
+    sampler_url: str | None = None  # mirroring is off without a sampler
+    sample_fraction: float = 0.01
+
+
+class SampleMirror:
+    def __init__(
+        self,
+        url: str,
+        fraction: float = 0.01,
+        *,
+        flush_s: float = 0.1,
+        capacity: int = 10_000,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.url = url.rstrip("/") + "/v1/samples"
+        self.fraction, self.flush_s = fraction, flush_s
+        self.buffer: deque[str] = deque(maxlen=capacity)  # full: the oldest samples go
+        self.rng = rng or random.Random()
+        self._task: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    def offer(self, post_ids: Sequence[str]) -> None:
+        for p in post_ids:
+            if self.rng.random() < self.fraction:
+                self.buffer.append(p)
+
+    async def flush(self) -> int:
+        if not self.buffer:
+            return 0
+        batch = list(self.buffer)
+        self.buffer.clear()
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=0.5)
+        try:
+            r = await self._http.post(self.url, json={"post_ids": batch, "fraction": self.fraction})
+            r.raise_for_status()
+            MIRRORED.labels("sent").inc(len(batch))
+        except httpx.HTTPError:
+            MIRRORED.labels("dropped").inc(len(batch))  # samples are disposable
+        return len(batch)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="sample-mirror")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            with contextlib.suppress(Exception):
+                await self.flush()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._http is not None:
+            await self._http.aclose()
+
+
+class HotPoolCountCache:
+    """A CountCache that sends hot posts' aggregate reads to a hot-pool replica."""
+
+    def __init__(
+        self,
+        inner: CountCache,
+        view: hotkeys.PrefixView[list[str]],
+        *,
+        timeout_s: float = 0.2,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.inner, self.view, self.timeout_s = inner, view, timeout_s
+        self.rng = rng or random.Random()
+        self._clients: dict[str, Redis] = {}
+
+    def _client(self, address: str) -> Redis:
+        c = self._clients.get(address)
+        if c is None:
+            host, port = address.rsplit(":", 1)
+            c = Redis(
+                host=host,
+                port=int(port),
+                socket_timeout=self.timeout_s,
+                socket_connect_timeout=self.timeout_s,
+            )
+            self._clients[address] = c
+        return c
+
+    async def _replica(self, post_id: str, pools: list[str]) -> Aggregate | None:
+        try:
+            raw = await self._client(self.rng.choice(pools)).hgetall(keys.count_key(post_id))
+        except Exception:
+            HOT_POOL_READS.labels("error").inc()
+            return None
+        agg = parse_aggregate(raw)
+        HOT_POOL_READS.labels("hit" if agg is not None else "miss").inc()
+        return agg
+
+    async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:
+        hot = self.view.current()
+        hot_ids = [p for p in post_ids if hot.get(p)]
+        got: dict[str, Aggregate] = {}
+        if hot_ids:
+            found = await asyncio.gather(*(self._replica(p, hot[p]) for p in hot_ids))
+            got = {p: a for p, a in zip(hot_ids, found, strict=True) if a is not None}
+        rest = [p for p in post_ids if p not in got]
+        inner = await self.inner.aggregates(rest) if rest else []
+        from_inner = dict(zip(rest, inner, strict=True))
+        return [got[p] if p in got else from_inner[p] for p in post_ids]
+
+    async def subcounters(self, post_ids: Sequence[str]) -> list[int | Exception | None]:
+        return await self.inner.subcounters(post_ids)
+
+    async def bloom(self, user_id: str) -> bytes | None:
+        return await self.inner.bloom(user_id)
+
+    async def close(self) -> None:
+        for c in self._clients.values():
+            with contextlib.suppress(Exception):
+                await c.aclose()

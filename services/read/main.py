@@ -1,0 +1,139 @@
+"""The read service's app: settings, stores and the heat source in the lifespan, the routes, and a
+last-resort middleware that turns any exception or 5xx on /v1 into a degraded 200.
+
+    uvicorn services.read.main:create_app --factory
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.common import http, observability
+from services.contracts import hotkeys as hotkey_flags
+from services.contracts.settings import Settings
+from services.read import api, hotkeys
+from services.read.core import Reader
+from services.read.heat import EtcdHeat, HeatSource
+from services.read.metrics import DEGRADED
+from services.read.stores import CassandraStore, RedisCountCache
+
+log = logging.getLogger("read")
+
+
+class NeverFail:
+    """Pure ASGI (no per-request task like BaseHTTPMiddleware): if a /v1 route raises or starts a
+    5xx before anything was sent, answer 200 with the degraded body instead (invariant 3)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        started = False
+        swallow = False
+
+        async def guarded(message: Message) -> None:
+            nonlocal started, swallow
+            if message["type"] == "http.response.start":
+                if message["status"] >= 500:
+                    swallow = True
+                    return
+                started = True
+            elif swallow:
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, guarded)
+        except Exception:
+            if started:
+                raise
+            log.exception("unexpected failure; answering degraded")
+            swallow = True
+        if not swallow:
+            return
+        DEGRADED.labels("middleware").inc()
+        app_state = getattr(scope.get("app"), "state", None)
+        reader = getattr(app_state, "reader", None)
+        post_ids = scope.get("state", {}).get("post_ids")
+        body = json.dumps(api.degraded_body(reader, scope["path"], post_ids)).encode()
+        headers: list[tuple[bytes, bytes]] = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", api.PRIVATE.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    heat: HeatSource | None = None,
+    reader_options: dict[str, Any] | None = None,
+) -> FastAPI:
+    """`heat` replaces the etcd heat source (tests, benchmarks); `reader_options` are passed to
+    core.Reader (timeouts, breakers, clock)."""
+    settings = settings or Settings()
+    observability.setup_logging("read", settings.log_level)
+    observability.setup_tracing("read", settings.otlp_endpoint)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cache = RedisCountCache(settings)
+        store = CassandraStore(settings)
+        heat_source = heat or EtcdHeat(settings.etcd_host, settings.etcd_port)
+        await store.start()  # connects in the background: the service answers without Cassandra
+        await cache.warm_up()
+        await heat_source.start()
+        pools_view = hotkey_flags.PrefixView(
+            settings.etcd_host, settings.etcd_port, hotkey_flags.HOTPOOL_PREFIX,
+            hotkey_flags.decode_pools,
+        )  # fmt: skip
+        await pools_view.start()
+        hot_cache = hotkeys.HotPoolCountCache(cache, pools_view)
+        mirror_cfg = hotkeys.MirrorSettings()
+        mirror = None
+        if mirror_cfg.sampler_url:
+            mirror = hotkeys.SampleMirror(mirror_cfg.sampler_url, mirror_cfg.sample_fraction)
+            await mirror.start()
+        app.state.settings, app.state.mirror = settings, mirror
+        app.state.cache, app.state.store, app.state.heat = cache, store, heat_source
+        app.state.reader = Reader(hot_cache, store, **(reader_options or {}))
+        try:
+            yield
+        finally:
+            if mirror is not None:
+                await mirror.close()
+            await pools_view.close()
+            await hot_cache.close()
+            await heat_source.close()
+            await store.close()
+            await cache.close()
+
+    app = FastAPI(
+        title="likes read",
+        version="1",
+        lifespan=lifespan,
+        description="Like counts and has_liked. Never 5xx: degraded answers carry `stale: true`.",
+    )
+
+    async def ready() -> dict[str, bool]:
+        # deliberately not gated on the stores: with them down this service still answers (last
+        # good / null, 200), and an unready fleet would turn that into gateway 5xx. Dependency
+        # health is on /metrics (likes_read_breaker_open, likes_read_dependency_errors_total).
+        return {"reader": hasattr(app.state, "reader")}
+
+    app.add_middleware(NeverFail)  # before install(): inside the RED middleware, which sees 200
+    http.install(app, "read", ready)
+    app.include_router(api.router)
+    return app

@@ -1,0 +1,238 @@
+"""The read path's stores: the count-cache (async Redis Cluster) and Cassandra (counter cells and
+edges), behind the protocols of services/read/core.py.
+
+Short socket timeouts and no backoff in the Redis client: a read falls through to the next tier
+rather than waits. The Cassandra session is opened in the background and reopened on failure, so
+the service starts, and answers, with Cassandra down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cassandra import ConsistencyLevel
+from cassandra import Unavailable as CassandraUnavailable
+from cassandra.cluster import Cluster, ResponseFuture, Session
+from cassandra.policies import ExponentialReconnectionPolicy
+from cassandra.query import PreparedStatement
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from services.contracts import clients, keys
+from services.contracts.settings import Settings
+from services.read.core import Aggregate, Totals
+
+log = logging.getLogger("read.stores")
+
+
+def _int(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_aggregate(h: Mapping[Any, Any]) -> Aggregate | None:
+    """The aggregator's hash; None (a miss) when absent or without a usable `count`."""
+    if not h:
+        return None
+    d = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in h.items()
+    }
+    count = _int(d.get("count"))
+    if count is None:
+        return None
+    reactions: dict[str, int] = {}
+    try:
+        raw = json.loads(d.get("reactions") or "{}")
+        if isinstance(raw, dict):
+            reactions = {str(r): int(c) for r, c in raw.items()}
+    except (ValueError, TypeError):
+        pass  # the count is still good; only the breakdown is lost
+    return Aggregate(count, reactions, _int(d.get("last_fresh")), _int(d.get("gen")))
+
+
+def sum_subcounters(values: Sequence[Any]) -> int | None:
+    """A hit when any sub-counter is set; unset shards count 0."""
+    parsed = [_int(v) for v in values]
+    present = [v for v in parsed if v is not None]
+    return sum(present) if present else None
+
+
+class RedisCountCache:
+    def __init__(self, settings: Settings, timeout_s: float = 0.4) -> None:
+        self.rc = RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # one retry (it reloads the slot map after a failover), and no sleeping between
+            retry=Retry(NoBackoff(), 1),
+            decode_responses=False,  # the Bloom filter is binary
+            max_connections=64,
+        )
+
+    async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:
+        if len(post_ids) == 1:
+            return [parse_aggregate(await self.rc.hgetall(keys.count_key(post_ids[0])))]
+        return await self._pipelined(
+            [("HGETALL", keys.count_key(p)) for p in post_ids], parse_aggregate
+        )
+
+    async def subcounters(self, post_ids: Sequence[str]) -> list[int | Exception | None]:
+        if len(post_ids) == 1:
+            return [sum_subcounters(await self.rc.mget(keys.sub_keys(post_ids[0])))]
+        return await self._pipelined(
+            [("MGET", *keys.sub_keys(p)) for p in post_ids], sum_subcounters
+        )
+
+    async def _pipelined(self, commands: list[tuple[str, ...]], parse: Any) -> list[Any]:
+        """One pipeline (grouped by node); on a node failure, per-key calls so that keys on the
+        live nodes still answer."""
+        pipe = self.rc.pipeline(transaction=False)
+        for c in commands:
+            pipe.execute_command(*c)
+        try:
+            raw = await pipe.execute(raise_on_error=False)
+        except Exception:
+            raw = await asyncio.gather(
+                *(self.rc.execute_command(*c) for c in commands), return_exceptions=True
+            )
+        return [r if isinstance(r, BaseException) else parse(r) for r in raw]
+
+    async def bloom(self, user_id: str) -> bytes | None:
+        raw = await self.rc.get(keys.bloom_key(user_id))
+        return raw.encode() if isinstance(raw, str) else raw
+
+    async def warm_up(self, timeout_s: float = 2.0) -> bool:
+        """Load the slot map before the first request (it would otherwise eat that request's
+        deadline); False, and no harm, when the cluster is down: the first read retries."""
+        try:
+            await asyncio.wait_for(self.rc.initialize(), timeout_s)
+            return True
+        except Exception as e:
+            log.warning("count-cache unreachable at start", extra={"fields": {"error": repr(e)}})
+            return False
+
+    async def ping(self) -> bool:
+        return bool(await self.rc.ping())
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.rc.aclose()
+
+
+def _aio(rf: ResponseFuture) -> asyncio.Future[Any]:
+    """The driver's callback future as an asyncio future (callbacks run on the driver's thread)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():  # the caller's deadline cancelled it
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    rf.add_callbacks(
+        lambda rows: loop.call_soon_threadsafe(settle, True, rows),
+        lambda exc: loop.call_soon_threadsafe(settle, False, exc),
+    )
+    return fut
+
+
+class CassandraStore:
+    """Counter cells and edges; `sums` and `edge_states` raise while no session is open."""
+
+    def __init__(self, settings: Settings, timeout_s: float = 1.0) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self.cluster: Cluster | None = None
+        self.session: Session | None = None
+        self.q_sum: PreparedStatement | None = None
+        self.q_edges: PreparedStatement | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._connect_loop(), name="cassandra-connect")
+
+    async def _connect_loop(self) -> None:
+        delay = 0.5
+        while self.session is None:
+            try:
+                await asyncio.to_thread(self._connect)
+                log.info("cassandra session open")
+            except Exception as e:
+                log.warning("cassandra unreachable; retrying",
+                            extra={"fields": {"error": repr(e), "retry_s": delay}})  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _connect(self) -> None:
+        cluster, session = clients.cassandra(self.settings, request_timeout=self.timeout_s)
+        # the driver's default backs off to 10 minutes; a read replica wants its store back soon
+        cluster.reconnection_policy = ExponentialReconnectionPolicy(0.5, 5.0)
+        q_sum = session.prepare("SELECT value, reactions FROM counter_cells WHERE post_id = ?")
+        # counts are approximate by design: any one replica will do
+        q_sum.consistency_level = ConsistencyLevel.LOCAL_ONE
+        q_edges = session.prepare(
+            "SELECT ref, state FROM edges WHERE user_id = ? AND kind = 'edge' AND ref IN ?"
+        )
+        # the liker must see their own write (made at LOCAL_QUORUM)
+        q_edges.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        self.q_sum, self.q_edges = q_sum, q_edges
+        self.cluster, self.session = cluster, session
+
+    def _ready(self) -> tuple[Session, PreparedStatement, PreparedStatement]:
+        if self.session is None or self.q_sum is None or self.q_edges is None:
+            raise ConnectionError("no cassandra session yet")
+        return self.session, self.q_sum, self.q_edges
+
+    async def sums(self, post_ids: Sequence[str]) -> list[Totals | Exception]:
+        session, q_sum, _ = self._ready()
+        rows_per_post = await asyncio.gather(
+            *(_aio(session.execute_async(q_sum, (p,))) for p in post_ids),
+            return_exceptions=True,
+        )
+        out: list[Totals | Exception] = []
+        for rows in rows_per_post:
+            if isinstance(rows, Exception):
+                out.append(rows)
+                continue
+            if isinstance(rows, BaseException):
+                raise rows
+            count, reactions = 0, dict[str, int]()
+            for r in rows:
+                count += r.value or 0
+                for name, n in (r.reactions or {}).items():
+                    reactions[name] = reactions.get(name, 0) + n
+            out.append(Totals(count, reactions))
+        return out
+
+    async def edge_states(self, user_id: str, post_ids: Sequence[str]) -> dict[str, str]:
+        session, _, q_edges = self._ready()
+        bound = q_edges.bind((user_id, list(post_ids)))
+        try:
+            rows = await _aio(session.execute_async(bound))
+        except CassandraUnavailable:
+            # a replica short of quorum: a possibly older answer beats none
+            bound.consistency_level = ConsistencyLevel.LOCAL_ONE
+            rows = await _aio(session.execute_async(bound))
+        return {r.ref: r.state for r in rows}
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.shutdown)
