@@ -1,0 +1,191 @@
+"""Aggregator throughput against the raw consume rate of the same topic, and its collapse factor.
+
+    LIKES_HOME=... LIKES_PORT_OFFSET=... .venv/bin/python bench/bench_aggregator.py \
+        [--events 200000] [--posts 10000] [--zipf 1.1]
+
+Needs a running local stack (`likes local up`). Writes a Zipf-distributed stream of like events
+(a few hot posts, a long tail) to private copies of the topics (`bench-<id>.likes.*`), then, in
+the same run, times
+  1. a bare consumer reading and deserializing every message (the baseline), and
+  2. the aggregator (dedup, windows, counter-store CAS, count-cache, purge, commit) from the first
+     offset until its committed offsets reach the end of the topic,
+and prints events/s of both, their ratio, and events per counter-store write. No assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import random
+import threading
+import time
+import uuid
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.serialization import MessageField, SerializationContext
+from prometheus_client import REGISTRY
+
+from local import layout
+from services.aggregator.main import build
+from services.aggregator.settings import AggregatorSettings
+from services.contracts import clients, events, keys, topics
+
+
+def zipf_cdf(n: int, s: float) -> list[float]:
+    weights = [1.0 / (k**s) for k in range(1, n + 1)]
+    return list(itertools.accumulate(weights))
+
+
+def settings_for(lay: layout.Layout, prefix: str) -> AggregatorSettings:
+    ports = lay.ports
+    brokers = ports.kafka_brokers[: lay.kafka_brokers]
+    return AggregatorSettings(
+        kafka_bootstrap=",".join(f"{layout.HOST}:{p}" for p in brokers),
+        schema_registry_url=f"http://{layout.HOST}:{ports.schema_registry}",
+        cassandra_port=ports.cassandra_native,
+        count_cache_nodes=",".join(f"{layout.HOST}:{p}" for p in ports.count_cache),
+        agg_topic_prefix=prefix,
+        agg_group_id=f"{prefix}aggregator",
+        agg_dedup_capacity=100_000,
+        log_level="WARNING",
+    )  # fmt: skip
+
+
+def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -> int:
+    rnd = random.Random(seed)
+    cdf = zipf_cdf(posts, zipf)
+    total = cdf[-1]
+    post_ids = [f"bench-{uuid.uuid4()}" for _ in range(posts)]
+    ser = clients.like_serializer(clients.schema_registry(s))
+    ctx = SerializationContext(s.topic(events.COMMITTED), MessageField.VALUE)
+    prod = clients.producer(s, **{"linger.ms": 20, "batch.num.messages": 10000})
+    topic = s.topic(events.COMMITTED)
+    hot: set[str] = set()
+    for i in range(n):
+        post = post_ids[bisect.bisect_left(cdf, rnd.random() * total)]
+        e = events.LikeEvent.new(
+            intent_uuid=str(uuid.uuid4()), user_id=f"u{i}", post_id=post, action="like",
+            reaction=rnd.choice(("like", "like", "like", "love", "wow")), delta=1, region="local",
+        )  # fmt: skip
+        hot.add(post)
+        while True:
+            try:
+                prod.produce(topic, key=keys.kafka_key(post, 0).encode(), value=ser(e, ctx))
+                break
+            except BufferError:
+                prod.poll(0.05)
+        prod.poll(0)
+    prod.flush(60)
+    return len(hot)
+
+
+def raw_consume(s: AggregatorSettings, n: int) -> float:
+    """Baseline: read and deserialize every message, nothing else."""
+    topic = s.topic(events.COMMITTED)
+    des = clients.like_deserializer(clients.schema_registry(s))
+    c = Consumer(
+        {"bootstrap.servers": s.kafka_bootstrap, "group.id": f"{s.agg_topic_prefix}raw",
+         "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+    )  # fmt: skip
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    seen = 0
+    t0 = time.perf_counter()
+    while seen < n:
+        for m in c.consume(1000, 1.0):
+            if m.error() is None:
+                des(m.value(), ctx)
+                seen += 1
+    dt = time.perf_counter() - t0
+    c.close()
+    return dt
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def run_aggregator(s: AggregatorSettings, n: int) -> tuple[float, dict[str, float]]:
+    topic = s.topic(events.COMMITTED)
+    agg, cluster = build(s)
+    watch = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": s.agg_group_id})
+    parts = watch.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {p: watch.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+    names = [
+        "likes_aggregator_store_writes_total", "likes_aggregator_store_batches_total",
+        "likes_aggregator_windows_flushed_total", "likes_aggregator_cache_writes_total",
+        "likes_aggregator_cas_conflicts_total",
+    ]  # fmt: skip
+    before = {k: sample(k) for k in names}
+    before["likes_aggregator_cache_writes_total"] = sample_cache()
+    stop = threading.Event()
+    t = threading.Thread(target=agg.run, args=(stop,), daemon=True)
+    t0 = time.perf_counter()
+    t.start()
+    while True:
+        time.sleep(0.2)
+        got = watch.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        if all(tp.offset >= ends[tp.partition] for tp in got):
+            break
+    dt = time.perf_counter() - t0
+    stop.set()
+    t.join(60)
+    watch.close()
+    cluster.shutdown()
+    after = {k: sample(k) for k in names}
+    after["likes_aggregator_cache_writes_total"] = sample_cache()
+    return dt, {k: after[k] - before[k] for k in names}
+
+
+def sample_cache() -> float:
+    return sum(
+        REGISTRY.get_sample_value("likes_aggregator_cache_writes_total", {"result": r}) or 0.0
+        for r in ("applied", "stale")
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--posts", type=int, default=10_000)
+    ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+
+    lay = layout.from_env()
+    prefix = f"bench-{uuid.uuid4().hex[:8]}."
+    s = settings_for(lay, prefix)
+    specs = [
+        topics.TopicSpec(prefix + t, args.partitions, {})
+        for t in (*events.EVENT_TOPICS, events.DEAD_LETTER)
+    ]
+    topics.ensure(s.kafka_bootstrap, lay.kafka_brokers, specs)
+    try:
+        t0 = time.perf_counter()
+        distinct = produce(s, args.events, args.posts, args.zipf, args.seed)
+        print(f"produced {args.events} events over {distinct} posts (zipf s={args.zipf}, "
+              f"{args.partitions} partitions) in {time.perf_counter() - t0:.1f}s")  # fmt: skip
+        raw_s = raw_consume(s, args.events)
+        agg_s, d = run_aggregator(s, args.events)
+    finally:
+        AdminClient({"bootstrap.servers": s.kafka_bootstrap}).delete_topics([x.name for x in specs])
+    raw_rate = args.events / raw_s
+    agg_rate = args.events / agg_s
+    writes = d["likes_aggregator_store_writes_total"]
+    print(f"raw consume+deserialize : {raw_rate:10.0f} events/s  ({raw_s:.1f}s)")
+    print(f"aggregator (end to end) : {agg_rate:10.0f} events/s  ({agg_s:.1f}s)")
+    print(f"aggregator / raw        : {agg_rate / raw_rate:10.3f}")
+    print(f"windows flushed         : {d['likes_aggregator_windows_flushed_total']:10.0f}")
+    print(f"counter-store cell writes: {writes:9.0f}  (LWT batches "
+          f"{d['likes_aggregator_store_batches_total']:.0f}, CAS conflicts "
+          f"{d['likes_aggregator_cas_conflicts_total']:.0f})")  # fmt: skip
+    print(f"count-cache writes      : {d['likes_aggregator_cache_writes_total']:10.0f}")
+    print(f"collapse factor         : {args.events / max(writes, 1):10.1f} events per cell write")
+
+
+if __name__ == "__main__":
+    main()

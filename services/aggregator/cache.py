@@ -1,0 +1,125 @@
+"""The count-cache writes: the aggregate hash and the sub-counters behind one generation CAS.
+
+Layout (read by the read service):
+- `count:{post_id}`      hash {count, gen, reactions (JSON object, top first), last_fresh (ms)}
+- `count:{post_id}:s<n>` string, the post's count in shard n summed over regions
+
+All keys of a post share the `{post_id}` hash tag, so one script updates them atomically on one
+node: it writes only when the new `gen` is greater than the stored one, so a slow (stale) emitter
+can overwrite neither the aggregate nor the sub-counters (invariant 4).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from services.contracts import keys
+
+# KEYS[1] = aggregate, KEYS[2..] = sub-counters; ARGV = count, gen, reactions, last_fresh, ttl,
+# then one value per sub-counter key. Returns 1 if written, 0 if the stored gen is >= gen.
+_CAS = """
+local cur = redis.call('HGET', KEYS[1], 'gen')
+local gen = tonumber(ARGV[2])
+if cur and tonumber(cur) >= gen then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'count', ARGV[1], 'gen', ARGV[2], 'reactions', ARGV[3],
+           'last_fresh', ARGV[4])
+local ttl = tonumber(ARGV[5])
+if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+for i = 2, #KEYS do
+  if ttl > 0 then
+    redis.call('SET', KEYS[i], ARGV[4 + i], 'EX', ttl)
+  else
+    redis.call('SET', KEYS[i], ARGV[4 + i])
+  end
+end
+return 1
+"""
+
+
+def _args(
+    post_id: str,
+    count: int,
+    gen: int,
+    reactions: Mapping[str, int],
+    last_fresh: int,
+    subcounters: Mapping[int, int] | None,
+    ttl_s: int,
+) -> tuple[list[str], list[Any]]:
+    subs = sorted((subcounters or {}).items())
+    ks = [keys.count_key(post_id), *(keys.sub_key(post_id, n) for n, _ in subs)]
+    argv: list[Any] = [count, gen, json.dumps(dict(reactions)), last_fresh, ttl_s]
+    argv += [v for _, v in subs]
+    return ks, argv
+
+
+def set_aggregate(
+    rc: RedisCluster,
+    post_id: str,
+    count: int,
+    gen: int,
+    reactions: Mapping[str, int],
+    last_fresh: int,
+    subcounters: Mapping[int, int] | None = None,
+    ttl_s: int = 0,
+) -> bool:
+    """Write the aggregate (and sub-counters) iff `gen` beats the stored generation."""
+    ks, argv = _args(post_id, count, gen, reactions, last_fresh, subcounters, ttl_s)
+    return bool(rc.eval(_CAS, len(ks), *ks, *argv))
+
+
+class AggregateWriter:
+    """Many posts' CAS writes, one plain pipeline per primary.
+
+    redis-py refuses scripts in a cluster pipeline, so the writes are grouped by the node owning
+    each post's slot. A MOVED (failover, resharding) raises: the caller retries the window after
+    `refresh()`, and every write is idempotent under its gen.
+    """
+
+    def __init__(self, rc: RedisCluster, ttl_s: int = 0) -> None:
+        self.rc = rc
+        self.ttl_s = ttl_s
+
+    def refresh(self) -> None:
+        self.rc.nodes_manager.initialize()
+
+    def write_many(
+        self,
+        items: Sequence[tuple[str, int, int, Mapping[str, int], int, Mapping[int, int]]],
+    ) -> list[bool]:
+        """items: (post_id, count, gen, reactions, last_fresh, subcounters) -> written?"""
+        by_node: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        for i, (post_id, *_rest) in enumerate(items):
+            node = self.rc.get_node_from_key(keys.count_key(post_id))
+            nodes[node.name] = node
+            by_node.setdefault(node.name, []).append(i)
+        out = [False] * len(items)
+        for name, idx in by_node.items():
+            conn = self.rc.get_redis_connection(nodes[name])
+            pipe = conn.pipeline(transaction=False)
+            for i in idx:
+                post_id, count, gen, reactions, fresh, subs = items[i]
+                ks, argv = _args(post_id, count, gen, reactions, fresh, subs, self.ttl_s)
+                pipe.eval(_CAS, len(ks), *ks, *argv)
+            for i, r in zip(idx, pipe.execute(raise_on_error=True), strict=True):
+                out[i] = bool(r)
+        return out
+
+
+def read_aggregate(rc: RedisCluster, post_id: str) -> dict[str, Any] | None:
+    """The stored aggregate as typed fields (for tests and tools); None if absent."""
+    raw = rc.hgetall(keys.count_key(post_id))
+    if not raw:
+        return None
+    return {
+        "count": int(raw["count"]),
+        "gen": int(raw["gen"]),
+        "reactions": json.loads(raw["reactions"]),
+        "last_fresh": int(raw["last_fresh"]),
+    }

@@ -1,0 +1,304 @@
+"""The aggregator's pure core: validation, dedup, windows, folding and the offset filter.
+
+No I/O here: the worker feeds messages in and takes windows out; the clock is injected.
+
+Replay safety rests on three facts this module provides:
+- a cell (post_id, region slot, shard) is fed by exactly one Kafka partition (its key is
+  `post_id` or `post_id:n`, and the topic is part of the region slot, see `cell_region`), and
+  the cell row stores the highest offset of that partition already folded into it;
+- `fold` takes only the entries above that offset, so re-reading a window applies nothing twice;
+- the dedup decision for an offset depends only on the log before it (bounded by count and by
+  message age, both read from the log), so a consumer that re-reads the last `capacity` messages
+  on assignment decides exactly as the one it replaces.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from services.contracts import events, keys
+
+TP = tuple[str, int]  # (topic, partition)
+NO_ROW = -1  # applied_window of a cell that has no row yet: every offset (>= 0) is fresh
+TOP_REACTIONS = 5
+
+
+class Poison(Exception):
+    """The message itself is bad (undecodable or invalid): retrying will not fix it."""
+
+
+def validate(e: events.LikeEvent) -> None:
+    """What the aggregator refuses to count; raises Poison with the reason."""
+    try:
+        uuid.UUID(e.intent_uuid)
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise Poison(f"intent_uuid is not a uuid: {e.intent_uuid!r}") from exc
+    if not e.post_id:
+        raise Poison("empty post_id")
+    if not e.region:
+        raise Poison("empty region")
+    if e.delta not in (-1, 0, 1):
+        raise Poison(f"delta out of range: {e.delta}")
+    if not 0 <= e.shard < keys.SPLIT_FACTOR:
+        raise Poison(f"shard out of range: {e.shard}")
+
+
+def cell_region(region: str, base_topic: str) -> str:
+    """The `region` column of the cell an event of `base_topic` lands in.
+
+    A cell row stores ONE applied offset, and offsets are per topic-partition, so a cell must be
+    fed by a single topic: likes.committed lands in `<region>`, likes.voided in
+    `<region>@likes.voided`, likes.unvoided in `<region>@likes.unvoided`. Every reader SUMs the
+    post's partition (and sub-counters SUM over regions per shard), so the extra rows change no
+    total; they are one more actor per region of the PN-counter.
+    """
+    return region if base_topic == events.COMMITTED else f"{region}@{base_topic}"
+
+
+@dataclass(frozen=True, slots=True)
+class CellKey:
+    post_id: str
+    region: str  # the row's region column (a region slot, see cell_region)
+    shard: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellState:
+    value: int
+    applied: int  # applied_window: highest offset of the cell's partition folded into value
+    reactions: Mapping[str, int]
+
+    @classmethod
+    def empty(cls) -> CellState:
+        return cls(0, NO_ROW, {})
+
+    @property
+    def exists(self) -> bool:
+        return self.applied != NO_ROW
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    offset: int
+    delta: int
+    reaction: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    delta: int
+    reactions: Mapping[str, int]
+    max_offset: int
+    events: int
+
+
+def fold(entries: Iterable[Entry], applied: int) -> Fold | None:
+    """The offset filter and the fold: sum only entries above `applied`; None if none are."""
+    delta = 0
+    reactions: Counter[str] = Counter()
+    top = applied
+    n = 0
+    for e in entries:
+        if e.offset <= applied:
+            continue  # already in the cell: a replay
+        delta += e.delta
+        reactions[e.reaction] += e.delta
+        top = max(top, e.offset)
+        n += 1
+    if n == 0:
+        return None
+    return Fold(delta, dict(reactions), top, n)
+
+
+def apply_fold(state: CellState, f: Fold) -> CellState:
+    reactions = Counter(state.reactions)
+    reactions.update(f.reactions)
+    # zero entries dropped: the frozen map stays small and "top reactions" never lists a 0
+    return CellState(
+        state.value + f.delta, f.max_offset, {k: v for k, v in reactions.items() if v != 0}
+    )
+
+
+class PartitionDedup:
+    """Intents seen on one partition, bounded by count and by age, first occurrence wins.
+
+    Bound: an intent is remembered while fewer than `capacity` newer distinct intents have been
+    seen on the partition AND its message timestamp is within `max_age_ms` of the newest one.
+    Beyond that a duplicate publication counts again (a duplicate that late is outside the write
+    path's retry budget; the reconciler repairs it). Eviction is FIFO by first occurrence and
+    driven only by the log (order and message timestamps), never by the wall clock, so replaying
+    the same log rebuilds the same set.
+    """
+
+    def __init__(self, capacity: int, max_age_ms: int) -> None:
+        self.capacity = capacity
+        self.max_age_ms = max_age_ms
+        self._seen: OrderedDict[bytes, int] = OrderedDict()  # intent bytes -> timestamp ms
+        self._newest_ts = 0
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def check_and_add(self, intent_uuid: str, ts_ms: int) -> bool:
+        """True if the intent was seen already (a duplicate); otherwise remember it."""
+        k = uuid.UUID(intent_uuid).bytes  # 16 bytes, not a 36-char str: 4x more per MB
+        if k in self._seen:
+            return True
+        self._seen[k] = ts_ms
+        self._newest_ts = max(self._newest_ts, ts_ms)
+        self._evict()
+        return False
+
+    def _evict(self) -> None:
+        floor = self._newest_ts - self.max_age_ms
+        while self._seen:
+            first_ts = next(iter(self._seen.values()))
+            if len(self._seen) > self.capacity or first_ts < floor:
+                self._seen.popitem(last=False)
+            else:
+                break
+
+
+@dataclass
+class Window:
+    """One tumbling window: per-cell entries, and how far each partition has been consumed."""
+
+    window_id: int
+    opened_ms: int = 0
+    cells: dict[CellKey, list[Entry]] = field(default_factory=dict)
+    cell_tp: dict[CellKey, TP] = field(default_factory=dict)
+    positions: dict[TP, int] = field(default_factory=dict)  # next offset to commit, per TP
+    events: int = 0
+    duplicates: int = 0
+    # (user_id, post_id) of each like: OR-ed into the users' Bloom filters before the offsets
+    # commit, so has_liked's "no" can never miss a counted like for long
+    likers: set[tuple[str, str]] = field(default_factory=set)
+
+    def add(self, tp: TP, offset: int, cell: CellKey, delta: int, reaction: str) -> None:
+        self.cells.setdefault(cell, []).append(Entry(offset, delta, reaction))
+        self.cell_tp[cell] = tp
+        self.events += 1
+        self.consumed(tp, offset)
+
+    def consumed(self, tp: TP, offset: int) -> None:
+        """The message at `offset` is dealt with (counted, a duplicate, or dead-lettered)."""
+        self.positions[tp] = max(self.positions.get(tp, 0), offset + 1)
+
+    def posts(self) -> dict[str, list[CellKey]]:
+        out: dict[str, list[CellKey]] = {}
+        for c in self.cells:
+            out.setdefault(c.post_id, []).append(c)
+        return out
+
+    def drop_partitions(self, tps: Iterable[TP]) -> None:
+        gone = set(tps)
+        for c in [c for c, tp in self.cell_tp.items() if tp in gone]:
+            self.events -= len(self.cells.pop(c))
+            del self.cell_tp[c]
+        for tp in gone:
+            self.positions.pop(tp, None)
+
+    @property
+    def empty(self) -> bool:
+        return not self.positions
+
+
+class Windower:
+    """Processing-time tumbling windows aligned on multiples of `window_ms`.
+
+    Processing time, not event time: the count is a running sum, so which window an event falls
+    in changes only the batching, never the result; and every key's window closes at the same
+    tick, so after a flush the whole consumed range can be committed.
+
+    Back-pressure: `stretch(ms)` (the last flush's duration) keeps a window open at least that
+    long, up to `max_stretch_ms`. When the stores slow down, windows grow and collapse more
+    events per write instead of the consumer falling further behind one small window at a time.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        window_ms: int = 1000,
+        max_events: int = 200_000,
+        max_stretch_ms: int = 10_000,
+    ) -> None:
+        self.clock = clock  # seconds, like time.monotonic
+        self.window_ms = window_ms
+        self.max_events = max_events
+        self.max_stretch_ms = max_stretch_ms
+        self.min_span_ms = 0
+        self._current: Window | None = None
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def stretch(self, last_flush_ms: float) -> None:
+        self.min_span_ms = int(min(max(last_flush_ms, 0), self.max_stretch_ms))
+
+    @property
+    def current(self) -> Window:
+        if self._current is None:
+            now = self._now_ms()
+            self._current = Window(now // self.window_ms, now)
+        return self._current
+
+    def due(self) -> bool:
+        w = self._current
+        if w is None or w.empty:
+            return False
+        if w.events >= self.max_events:
+            return True
+        now = self._now_ms()
+        return now // self.window_ms > w.window_id and now - w.opened_ms >= self.min_span_ms
+
+    def take(self) -> Window:
+        w = self.current
+        self._current = None
+        return w
+
+    def peek(self) -> Window | None:
+        return self._current
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    count: int
+    gen: int
+    reactions: dict[str, int]  # top reactions, highest first
+    subcounters: dict[int, int]  # shard -> SUM over the post's regions
+
+
+@dataclass(frozen=True, slots=True)
+class CellRow:
+    region: str
+    shard: int
+    value: int
+    applied: int
+    reactions: Mapping[str, int]
+
+
+def top_reactions(counts: Mapping[str, int], k: int = TOP_REACTIONS) -> dict[str, int]:
+    ranked = sorted(((r, n) for r, n in counts.items() if n > 0), key=lambda x: (-x[1], x[0]))
+    return dict(ranked[:k])
+
+
+def aggregate(rows: Iterable[CellRow]) -> Aggregate:
+    """The post's aggregate from ALL its cells (every region slot, every shard).
+
+    gen = SUM(applied_window + 1): each cell's applied offset only grows, so a later read of the
+    partition has a gen >= an earlier one, and an equal gen means the same cells. (+1 so that a
+    new cell whose first offset is 0 still moves gen.)
+    """
+    count = 0
+    gen = 0
+    reactions: Counter[str] = Counter()
+    subs: dict[int, int] = {}
+    for r in rows:
+        count += r.value
+        gen += r.applied + 1 if r.applied != NO_ROW else 0
+        reactions.update(r.reactions)
+        subs[r.shard] = subs.get(r.shard, 0) + r.value
+    return Aggregate(count, gen, top_reactions(reactions), subs)

@@ -1,0 +1,58 @@
+"""The aggregator's Prometheus metrics (served on /metrics by services.common.worker_http)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+EVENTS = Counter("likes_aggregator_events_consumed_total", "Messages consumed", ["topic"])
+APPLIED = Counter(
+    "likes_aggregator_events_applied_total", "Events folded into a counter-store cell"
+)
+REPLAYED = Counter(
+    "likes_aggregator_events_replay_skipped_total",
+    "Events skipped because their cell already holds their offset (a replay)",
+)
+DEDUP_HITS = Counter(
+    "likes_aggregator_dedup_hits_total", "Duplicate publications of an intent, not counted"
+)
+WINDOWS = Counter("likes_aggregator_windows_flushed_total", "Windows flushed and committed")
+FLUSH_FAILURES = Counter(
+    "likes_aggregator_flush_failures_total", "Window flush attempts that failed (then retried)"
+)
+FLUSH_SECONDS = Histogram(
+    "likes_aggregator_flush_seconds",
+    "Time to flush one window (cells, aggregates, purge, commit)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+STORE_WRITES = Counter(
+    "likes_aggregator_store_writes_total", "Counter-store cell writes (one per cell per window)"
+)
+STORE_BATCHES = Counter(
+    "likes_aggregator_store_batches_total", "Conditional counter-store writes (one per post)"
+)
+CAS_CONFLICTS = Counter(
+    "likes_aggregator_cas_conflicts_total", "Counter-store writes whose condition lost"
+)
+COLLAPSE = Gauge(
+    "likes_aggregator_collapse_factor", "Events per counter-store cell write, last window"
+)
+CACHE_WRITES = Counter(
+    "likes_aggregator_cache_writes_total",
+    "Aggregate writes to the count-cache by result (stale = a newer gen was stored)",
+    ["result"],
+)
+PURGED = Counter("likes_aggregator_cdn_purged_total", "Surrogate keys purged")
+PURGE_FAILURES = Counter("likes_aggregator_cdn_purge_failures_total", "Failed CDN purge calls")
+DLQ = Counter("likes_aggregator_dead_letter_total", "Messages sent to the dead-letter topic")
+DLQ_FAILURES = Counter(
+    "likes_aggregator_dead_letter_failures_total",
+    "Poison messages the dead-letter topic refused: logged in full and skipped",
+)
+COMMIT_FAILURES = Counter("likes_aggregator_commit_failures_total", "Offset commits that failed")
+LAG = Gauge(
+    "likes_aggregator_consumer_lag_seconds",
+    "Now minus the timestamp of the last consumed message (0 when caught up)",
+    ["topic", "partition"],
+)
+ASSIGNED = Gauge("likes_aggregator_assigned_partitions", "Partitions assigned to this consumer")
+DEDUP_SIZE = Gauge("likes_aggregator_dedup_entries", "Intents held in the dedup sets")

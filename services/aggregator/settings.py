@@ -1,0 +1,58 @@
+"""The aggregator's settings: the shared LIKES_* settings plus its own knobs (LIKES_AGG_*)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import SecretStr, model_validator
+
+from services.contracts import events
+from services.contracts.settings import Settings
+
+
+class AggregatorSettings(Settings):
+    agg_group_id: str = "likes-aggregator"
+    # topic names are events.EVENT_TOPICS / DEAD_LETTER behind this prefix (a bench or a test can
+    # run on its own copies of the topics)
+    agg_topic_prefix: str = ""
+    agg_window_ms: int = 1000
+    agg_window_max_events: int = 200_000  # flush early: bounds a catch-up window's memory
+    agg_window_max_stretch_ms: int = 10_000  # back-pressure: a slow flush lengthens windows
+    # dedup bound, per partition: the last `capacity` distinct intents no older than `max_age`
+    agg_dedup_capacity: int = 100_000
+    agg_dedup_max_age_s: int = 3600
+    agg_cell_cache_size: int = 500_000
+    agg_poison_attempts: int = 3
+    agg_store_concurrency: int = 64
+    agg_cache_ttl_s: int = 7 * 86400  # aggregate + sub-counters expire when a post goes cold
+    agg_auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # a test hook: exit the process abruptly at this point of the first non-empty flush
+    agg_test_crash: Literal["", "after-cells", "after-cache"] = ""
+
+    cdn_purger: Literal["recording", "cloudflare", "none"] = "recording"
+    cloudflare_zone_id: str = ""
+    cloudflare_api_token: SecretStr = SecretStr("")
+
+    @model_validator(mode="after")
+    def _local_only_knobs(self) -> AggregatorSettings:
+        if self.env != "local":
+            if self.agg_test_crash:
+                raise ValueError("LIKES_AGG_TEST_CRASH is a test hook; refused outside env=local")
+            if self.cdn_purger == "recording":
+                raise ValueError("LIKES_CDN_PURGER=recording is local only; use cloudflare")
+        if self.cdn_purger == "cloudflare" and not (
+            self.cloudflare_zone_id and self.cloudflare_api_token.get_secret_value()
+        ):
+            raise ValueError("cloudflare purger needs LIKES_CLOUDFLARE_ZONE_ID and _API_TOKEN")
+        return self
+
+    def topic(self, name: str) -> str:
+        return self.agg_topic_prefix + name
+
+    @property
+    def source_topics(self) -> list[str]:
+        return [self.topic(t) for t in events.EVENT_TOPICS]
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.topic(events.DEAD_LETTER)

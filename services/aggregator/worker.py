@@ -1,0 +1,489 @@
+"""The aggregator's Kafka loop: consume, dedup, window, flush (cells → aggregates → purge), commit.
+
+Offsets are committed only after a window's counter-store and count-cache writes all succeeded;
+a failing store retries the window with backoff and never skips it. Replaying a window is safe
+(see services/aggregator/core.py): cells skip offsets they already hold, aggregates lose to a
+stored generation that is not older.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import TopicPartition as KTP
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.serialization import MessageField, SerializationContext
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_exponential,
+)
+
+from services.aggregator import metrics
+from services.aggregator.cache import AggregateWriter
+from services.aggregator.core import (
+    TP,
+    CellKey,
+    CellState,
+    PartitionDedup,
+    Poison,
+    Window,
+    Windower,
+    aggregate,
+    apply_fold,
+    cell_region,
+    fold,
+    validate,
+)
+from services.aggregator.dlq import DeadLetter
+from services.aggregator.purge import Purger, surrogate_key
+from services.aggregator.settings import AggregatorSettings
+from services.aggregator.store import CounterStore, Plan, StoreError
+from services.contracts import bloom
+from services.contracts.events import LikeEvent
+
+log = logging.getLogger("aggregator")
+
+MAX_CAS_ROUNDS = 20
+
+
+class Transient(Exception):
+    """A dependency (not the message) failed: retry the same message, never dead-letter it."""
+
+
+def _is_transient(e: BaseException) -> bool:
+    if isinstance(e, SchemaRegistryError):
+        return e.http_status_code >= 500 or e.http_status_code in (408, 429)
+    # httpx (or httpx2) TransportError: the registry is unreachable
+    return isinstance(e, OSError) or any(c.__name__ == "TransportError" for c in type(e).__mro__)
+
+
+@dataclass
+class PartitionState:
+    dedup: PartitionDedup
+    warm_until: int  # offsets below this were applied by a previous owner: dedup-only re-read
+    last_ts_ms: int = 0
+
+
+class Aggregator:
+    def __init__(
+        self,
+        settings: AggregatorSettings,
+        *,
+        consumer: Consumer,
+        deserialize: Callable[[bytes, SerializationContext], Any],
+        store: CounterStore,
+        cache: AggregateWriter,
+        purger: Purger,
+        dead_letter: DeadLetter,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.s = settings
+        self.consumer = consumer
+        self.deserialize = deserialize
+        self.store = store
+        self.cache = cache
+        self.purger = purger
+        self.dead_letter = dead_letter
+        self.wall_ms = wall_ms
+        self.sleep = sleep
+        self.windower = Windower(
+            clock,
+            settings.agg_window_ms,
+            settings.agg_window_max_events,
+            settings.agg_window_max_stretch_ms,
+        )
+        self.parts: dict[TP, PartitionState] = {}
+        self.cells: OrderedDict[CellKey, tuple[TP, CellState]] = OrderedDict()  # LRU
+        self._base = {t: t[len(settings.agg_topic_prefix) :] for t in settings.source_topics}
+        self._crash = settings.agg_test_crash
+        self.stop = threading.Event()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Consume until `stop` is set; then flush what is pending (once) and close."""
+        if stop is not None:
+            self.stop = stop
+        self.consumer.subscribe(
+            self.s.source_topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info("aggregator started", extra={"fields": {"topics": self.s.source_topics}})
+        try:
+            while not self.stop.is_set():
+                self.step()
+            w = self.windower.peek()
+            if w is not None and not w.empty:
+                try:
+                    self._flush(self.windower.take())
+                except Exception as e:
+                    log.warning("final flush failed; the next owner replays it",
+                                extra={"fields": {"error": str(e)}})  # fmt: skip
+        finally:
+            self.consumer.close()
+
+    def step(self, timeout: float = 0.1) -> None:
+        self.last_poll = time.monotonic()
+        msgs = self.consumer.consume(num_messages=1000, timeout=timeout)
+        self._handle_batch(msgs)
+        if self.windower.due():
+            self._flush_with_retry(self.windower.take())
+
+    # -- rebalance ----------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[KTP]) -> None:
+        """Start each partition `capacity` messages before its committed offset: those are
+        re-read into the dedup set only, so it is the same set the previous owner had."""
+        committed = consumer.committed(partitions, timeout=30)
+        n = self.s.agg_dedup_capacity
+        for tp in committed:
+            lo, hi = consumer.get_watermark_offsets(tp, timeout=10)
+            if tp.offset == OFFSET_INVALID or tp.offset < 0:
+                start = lo if self.s.agg_auto_offset_reset == "earliest" else hi
+            else:
+                start = max(tp.offset, lo)
+            self.parts[(tp.topic, tp.partition)] = PartitionState(
+                PartitionDedup(n, self.s.agg_dedup_max_age_s * 1000), warm_until=start
+            )
+            tp.offset = max(lo, start - n)
+        consumer.assign(committed)
+        metrics.ASSIGNED.set(len(self.parts))
+        ranges = [
+            f"{t.topic}[{t.partition}] from {t.offset}, counting from "
+            f"{self.parts[(t.topic, t.partition)].warm_until}"
+            for t in committed
+        ]
+        log.info("partitions assigned", extra={"fields": {"partitions": ranges}})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[KTP]) -> None:
+        # hand over cleanly: one flush attempt; if it fails the next owner replays, safely
+        w = self.windower.peek()
+        if w is not None and not w.empty:
+            try:
+                self._flush(self.windower.take())
+            except Exception as e:
+                log.warning("flush on revoke failed; the next owner replays the window",
+                            extra={"fields": {"error": str(e)}})  # fmt: skip
+        self._drop([(p.topic, p.partition) for p in partitions])
+
+    def _on_lost(self, consumer: Consumer, partitions: list[KTP]) -> None:
+        self._drop([(p.topic, p.partition) for p in partitions])
+
+    def _drop(self, tps: list[TP]) -> None:
+        gone = set(tps)
+        w = self.windower.peek()
+        if w is not None:
+            w.drop_partitions(gone)
+        for tp in gone:
+            self.parts.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                metrics.LAG.remove(tp[0], str(tp[1]))
+        for c in [c for c, (tp, _) in self.cells.items() if tp in gone]:
+            del self.cells[c]
+        metrics.ASSIGNED.set(len(self.parts))
+        log.info("partitions revoked", extra={"fields": {"partitions": sorted(gone)}})
+
+    # -- messages -----------------------------------------------------------------------------
+    def _handle_batch(self, msgs: list[Message]) -> None:
+        if not msgs:
+            for (topic, part), _ in self.parts.items():
+                metrics.LAG.labels(topic, str(part)).set(0)
+            return
+        counts: dict[str, int] = {}
+        touched: set[TP] = set()
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    if err.fatal():
+                        raise KafkaException(err)
+                    log.warning("consumer error", extra={"fields": {"error": str(err)}})
+                continue
+            topic = m.topic() or ""
+            counts[topic] = counts.get(topic, 0) + 1
+            tp = (topic, m.partition() or 0)
+            if tp in self.parts:
+                self._handle(m, tp)
+                touched.add(tp)
+        for topic, n in counts.items():
+            metrics.EVENTS.labels(topic).inc(n)
+        now = self.wall_ms()
+        for tp in touched:
+            st = self.parts.get(tp)
+            if st is not None:
+                metrics.LAG.labels(tp[0], str(tp[1])).set(max(0, now - st.last_ts_ms) / 1000)
+        metrics.DEDUP_SIZE.set(sum(len(p.dedup) for p in self.parts.values()))
+
+    def _handle(self, m: Message, tp: TP) -> None:
+        st = self.parts[tp]
+        offset = m.offset() or 0
+        ts_type, ts = m.timestamp()
+        warm = offset < st.warm_until
+        try:
+            event = self._process(m, warm)
+        except Transient:  # the registry, not the message: wait for it, never dead-letter
+            event = self._retry_transient(lambda: self._process(m, warm))
+        if event is not None and ts_type == 0:  # TIMESTAMP_NOT_AVAILABLE
+            ts = event.occurred_at
+        st.last_ts_ms = ts
+        if warm:  # applied by the previous owner: only rebuild the dedup set
+            if event is not None:
+                st.dedup.check_and_add(event.intent_uuid, ts)
+            return
+        w = self.windower.current
+        if event is None:  # dead-lettered: the partition moves past it
+            w.consumed(tp, offset)
+            return
+        if st.dedup.check_and_add(event.intent_uuid, ts):
+            metrics.DEDUP_HITS.inc()
+            w.duplicates += 1
+            w.consumed(tp, offset)
+            return
+        cell = CellKey(event.post_id, cell_region(event.region, self._base[tp[0]]), event.shard)
+        w.add(tp, offset, cell, event.delta, event.reaction)
+        if event.action == "like" and event.delta > 0:
+            w.likers.add((event.user_id, event.post_id))
+
+    def _retry_transient(self, fn: Callable[[], LikeEvent | None]) -> LikeEvent | None:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(Transient),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            stop=stop_when_event_set(self.stop),
+            reraise=True,
+            sleep=self.sleep,
+            before_sleep=lambda rs: log.warning(
+                "registry unreachable; retrying the message",
+                extra={"fields": {"attempt": rs.attempt_number}},
+            ),
+        ):
+            with attempt:
+                return fn()
+        return None  # unreachable: Retrying either returns or raises
+
+    def _decode(self, m: Message) -> LikeEvent:
+        value = m.value()
+        if not value:
+            raise Poison("empty value")
+        try:
+            event = self.deserialize(
+                value, SerializationContext(m.topic() or "", MessageField.VALUE)
+            )
+        except Exception as e:
+            if _is_transient(e):
+                raise Transient(str(e)) from e
+            raise Poison(f"undecodable: {type(e).__name__}: {e}") from e
+        if not isinstance(event, LikeEvent):
+            raise Poison(f"decoded to {type(event).__name__}")
+        return event
+
+    def _process(self, m: Message, warm: bool) -> LikeEvent | None:
+        """Decode and validate, up to N attempts; the message is poison after the last one."""
+        attempts = self.s.agg_poison_attempts
+        error = ""
+        event: LikeEvent | None = None
+        for attempt in range(1, attempts + 1):
+            try:
+                event = self._decode(m)
+                validate(event)
+                return event
+            except Transient:
+                raise
+            except Exception as e:
+                error = str(e) if isinstance(e, Poison) else f"{type(e).__name__}: {e}"
+                if warm:
+                    return None  # the previous owner already dead-lettered it
+                if attempt < attempts:
+                    self.sleep(0.01 * attempt)
+        self.dead_letter.send(m, error, attempts, event)
+        return None
+
+    # -- flush --------------------------------------------------------------------------------
+    def _flush_with_retry(self, w: Window) -> None:
+        for attempt in Retrying(
+            wait=wait_exponential(multiplier=0.2, max=5),
+            stop=stop_when_event_set(self.stop),
+            reraise=True,
+            sleep=self.sleep,
+            before_sleep=self._flush_failed,
+        ):
+            with attempt:
+                self._flush(w)
+
+    @staticmethod
+    def _flush_failed(rs: RetryCallState) -> None:
+        metrics.FLUSH_FAILURES.inc()
+        error = rs.outcome.exception() if rs.outcome else None
+        log.warning(
+            "window flush failed; retrying (offsets not committed)",
+            extra={"fields": {"attempt": rs.attempt_number, "error": str(error)}},
+        )
+
+    def _flush(self, w: Window) -> None:
+        t0 = time.perf_counter()
+        posts = w.posts()
+        cells_written = self._write_cells(w, posts)
+        if self._crash == "after-cells" and cells_written:
+            os._exit(17)  # test hook: cells written, count-cache and offsets not
+        changed = self._write_aggregates(list(posts))
+        self._add_likers(w)
+        if self._crash == "after-cache" and cells_written:
+            os._exit(17)
+        self._purge(changed)
+        self._commit(w)
+        metrics.WINDOWS.inc()
+        if cells_written:
+            metrics.COLLAPSE.set(w.events / cells_written)
+        took = time.perf_counter() - t0
+        metrics.FLUSH_SECONDS.observe(took)
+        self.windower.stretch(took * 1000)
+        log.debug(
+            "window flushed",
+            extra={"fields": {"events": w.events, "duplicates": w.duplicates, "posts": len(posts),
+                              "cells_written": cells_written, "purged": len(changed)}},
+        )  # fmt: skip
+
+    def _add_likers(self, w: Window) -> None:
+        """Bloom filter bits for the window's likes; idempotent (OR), so a replay is harmless.
+        A failure fails the flush: offsets stay uncommitted and the window is retried."""
+        for user_id, post_id in w.likers:
+            bloom.add(self.cache.rc, user_id, post_id)
+
+    def _cache_get(self, c: CellKey) -> CellState | None:
+        hit = self.cells.get(c)
+        if hit is None:
+            return None
+        self.cells.move_to_end(c)
+        return hit[1]
+
+    def _cache_put(self, c: CellKey, tp: TP, st: CellState) -> None:
+        self.cells[c] = (tp, st)
+        self.cells.move_to_end(c)
+        while len(self.cells) > self.s.agg_cell_cache_size:
+            self.cells.popitem(last=False)
+
+    def _write_cells(self, w: Window, posts: dict[str, list[CellKey]]) -> int:
+        """CAS each post's fresh cells; a lost CAS re-reads (serially) and refolds."""
+        pending = list(posts)
+        serial = False
+        written = 0
+        for _ in range(MAX_CAS_ROUNDS):
+            if not pending:
+                return written
+            states: dict[CellKey, CellState] = {}
+            need: list[str] = []
+            for pid in pending:
+                for c in posts[pid]:
+                    st = self._cache_get(c)
+                    if st is None:
+                        need.append(pid)
+                        break
+                    states[c] = st
+            if need:
+                rows = self.store.read_posts(need, serial=serial)
+                for pid in need:
+                    by = {(r.region, r.shard): r for r in rows[pid]}
+                    for c in posts[pid]:
+                        r = by.get((c.region, c.shard))
+                        st = CellState(r.value, r.applied, r.reactions) if r else CellState.empty()
+                        states[c] = st
+                        self._cache_put(c, w.cell_tp[c], st)
+            plans: dict[str, Plan] = {}
+            for pid in pending:
+                plan = []
+                for c in posts[pid]:
+                    f = fold(w.cells[c], states[c].applied)
+                    skipped = len(w.cells[c]) - (f.events if f else 0)
+                    if skipped:
+                        metrics.REPLAYED.inc(skipped)
+                    if f is not None:
+                        plan.append((c, states[c], apply_fold(states[c], f)))
+                if plan:
+                    plans[pid] = plan
+            results = self.store.write_posts(plans)
+            pending = []
+            for pid, ok in results.items():
+                if ok:
+                    for c, old, new in plans[pid]:
+                        self._cache_put(c, w.cell_tp[c], new)
+                        metrics.APPLIED.inc(sum(1 for e in w.cells[c] if e.offset > old.applied))
+                    written += len(plans[pid])
+                    metrics.STORE_WRITES.inc(len(plans[pid]))
+                    metrics.STORE_BATCHES.inc()
+                else:  # another writer (a previous owner mid-rebalance) moved a cell: re-read
+                    metrics.CAS_CONFLICTS.inc()
+                    for c in posts[pid]:
+                        self.cells.pop(c, None)
+                    pending.append(pid)
+            serial = True
+        raise StoreError(f"CAS did not converge for {len(pending)} post(s)")
+
+    def _write_aggregates(self, post_ids: list[str]) -> list[str]:
+        """Re-read each post's whole partition (other regions and shards have other writers),
+        and CAS its aggregate + sub-counters into the count-cache. Returns the posts written."""
+        if not post_ids:
+            return []
+        rows = self.store.read_posts(post_ids)
+        now = self.wall_ms()
+        items = []
+        for pid in post_ids:
+            a = aggregate(rows[pid])
+            items.append((pid, a.count, a.gen, a.reactions, now, a.subcounters))
+        try:
+            results = self.cache.write_many(items)
+        except Exception:
+            self.cache.refresh()  # a failover moved slots: re-learn the topology, then retry
+            raise
+        written = [pid for pid, ok in zip(post_ids, results, strict=True) if ok]
+        metrics.CACHE_WRITES.labels("applied").inc(len(written))
+        metrics.CACHE_WRITES.labels("stale").inc(len(post_ids) - len(written))
+        return written
+
+    def _purge(self, post_ids: list[str]) -> None:
+        # best effort: the CDN's own short TTL is the safety net; never hold offsets for it
+        if not post_ids:
+            return
+        try:
+            self.purger.purge([surrogate_key(p) for p in post_ids])
+            metrics.PURGED.inc(len(post_ids))
+        except Exception as e:
+            metrics.PURGE_FAILURES.inc()
+            log.warning("CDN purge failed", extra={"fields": {"error": str(e)}})
+
+    def _commit(self, w: Window) -> None:
+        offsets = [KTP(t, p, off) for (t, p), off in w.positions.items() if (t, p) in self.parts]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:  # e.g. a rebalance took the partitions: the owner replays
+            metrics.COMMIT_FAILURES.inc()
+            log.warning("offset commit failed", extra={"fields": {"error": str(e)}})
+
+    # -- health -------------------------------------------------------------------------------
+    def ready(self) -> dict[str, bool]:
+        # a member that holds no partitions right now (a rebalance, more workers than partitions)
+        # is healthy; a poll loop that stopped turning is not
+        checks = {"poll-loop": time.monotonic() - getattr(self, "last_poll", 0.0) < 30.0}
+        try:
+            checks["counter-store"] = self.store.reachable()
+        except Exception:
+            checks["counter-store"] = False
+        try:
+            checks["count-cache"] = bool(self.cache.rc.ping())
+        except Exception:
+            checks["count-cache"] = False
+        return checks
