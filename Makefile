@@ -4,8 +4,9 @@
 setup:
 	./local/setup.sh
 
-up: setup  ## bring the whole local platform up
+up: setup  ## bring the whole local platform up and drive a burst of likes through it
 	.venv/bin/likes local up
+	.venv/bin/likes local demo
 
 down:
 	.venv/bin/likes local down

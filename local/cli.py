@@ -207,3 +207,93 @@ def stop(
         raise typer.Exit(2)
     was = sup.kill(name) if kill else sup.stop(name)
     console.print(f"{name}: {'stopped' if was else 'was not running'}")
+
+
+@app.command()
+def token(
+    user_id: Annotated[str, typer.Argument(help="The user the token speaks for (its `sub`).")],
+    ttl: Annotated[int, typer.Option(help="Validity in seconds.")] = 3600,
+) -> None:
+    """Print a bearer token valid on the local stack, e.g. for curl:
+
+    curl -H "Authorization: Bearer $(likes local token alice)" ...
+    """
+    from services.contracts import auth
+    from services.contracts.settings import Settings
+
+    print(auth.issue_token(Settings(env="local"), user_id, ttl_s=ttl))
+
+
+@app.command()
+def demo(
+    users: Annotated[int, typer.Option(help="Distinct users liking.")] = 40,
+    posts: Annotated[
+        int, typer.Option(help="Posts they like (Zipf-ish: early posts get more).")
+    ] = 5,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for counts to converge.")] = 60,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Drive a short burst of real likes through the write service (each retried with the same
+    Idempotency-Key, some replayed on purpose) and print the counts the read service converges to.
+    """
+    import concurrent.futures as cf
+    import uuid
+
+    from services.client import LikesClient
+    from services.contracts import auth
+    from services.contracts.settings import Settings
+
+    lay = layout.from_env()
+    host = layout.HOST
+    client = LikesClient(f"http://{host}:{lay.ports.write}", f"http://{host}:{lay.ports.read}")
+    run = uuid.uuid4().hex[:6]
+    post_ids = [f"demo-{run}-{i}" for i in range(posts)]
+    settings = Settings(env="local")
+    plan = [
+        (f"user-{run}-{u}", post_ids[p])
+        for u in range(users)
+        for p in range(posts)
+        if u % (p + 1) == 0  # post i is liked by every (i+1)-th user
+    ]
+    expected = {p: sum(1 for _, q in plan if q == p) for p in post_ids}
+
+    def like(pair: tuple[str, str]) -> int:
+        user, post = pair
+        tok = auth.issue_token(settings, user)
+        key = str(uuid.uuid4())
+        first = client.like(post, idempotency_key=key, token=tok).status_code
+        # a client retry of the same intent: must not count again
+        replay = client.like(post, idempotency_key=key, token=tok).status_code
+        return first if first != 202 else replay
+
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(like, plan))
+    wrote = time.monotonic() - t0
+    if any(c != 202 for c in codes):
+        err.print(f"[red]error:[/] some writes were not accepted: {sorted(set(codes))}")
+        raise typer.Exit(1)
+    counts: dict[str, dict[str, object]] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        counts = {p: client.count(p) for p in post_ids}
+        if all(counts[p]["count"] == expected[p] for p in post_ids):
+            break
+        time.sleep(0.5)
+    converged = all(counts[p]["count"] == expected[p] for p in post_ids)
+    took = time.monotonic() - t0
+    if json_out:
+        print(json.dumps({"expected": expected, "counts": counts, "converged": converged}))
+    else:
+        t = Table(title=f"{len(plan)} likes (+{len(plan)} replays) in {wrote:.1f}s")
+        for col in ("post", "likes sent", "count read", "stale"):
+            t.add_column(col)
+        for p in post_ids:
+            ok = counts[p]["count"] == expected[p]
+            shown = f"[green]{counts[p]['count']}[/]" if ok else f"[red]{counts[p]['count']}[/]"
+            t.add_row(p, str(expected[p]), shown, str(counts[p].get("stale")))
+        console.print(t)
+        state = "[green]converged[/]" if converged else "[red]did not converge[/]"
+        console.print(f"{state} after {took:.1f}s")
+    if not converged:
+        raise typer.Exit(1)

@@ -77,6 +77,18 @@ class Ports:
         return self._p(8400)  # metrics/health only
 
     @property
+    def hotkey_sampler(self) -> int:
+        return self._p(8500)
+
+    @property
+    def hotkey_operator(self) -> int:
+        return self._p(8600)  # the local reconcile loop's health/metrics
+
+    @property
+    def hot_pools(self) -> list[int]:
+        return [self._p(7101 + i) for i in range(4)]
+
+    @property
     def prometheus(self) -> int:
         return self._p(9090)
 

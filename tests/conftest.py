@@ -1,7 +1,8 @@
 """Test session plumbing: the real local stack, started once through the `likes` CLI.
 
 The tests' stack lives apart from a developer's (its own LIKES_HOME and a port offset), starts from
-nothing, and is stopped at the end unless LIKES_KEEP_STACK=1.
+nothing, and is stopped at the end unless LIKES_KEEP_STACK=1. LIKES_TEST_REUSE=1 reuses a running
+test stack instead of wiping it (quick iterations; CI never sets it).
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ class Stack:
     def registry_url(self) -> str:
         return f"http://{layout.HOST}:{self.layout.ports.schema_registry}"
 
+    def service_url(self, name: str) -> str:
+        """URL of one of our services (write, read, ...) as the stack runs it."""
+        port = {"write": self.layout.ports.write, "read": self.layout.ports.read}[name]
+        return f"http://{layout.HOST}:{port}"
+
     @property
     def prometheus_url(self) -> str:
         return f"http://{layout.HOST}:{self.layout.ports.prometheus}"
@@ -101,7 +107,7 @@ class Stack:
         values: dict[str, object] = {
             k.removeprefix("LIKES_").lower(): v for k, v in env.items() if k.startswith("LIKES_")
         }
-        return Settings(**{**values, **overrides})
+        return Settings.model_validate({**values, **overrides})
 
     @property
     def alertmanager_url(self) -> str:
@@ -119,10 +125,14 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     env = _env()
-    # from nothing: stop a leftover test stack and wipe its data
-    subprocess.run([LIKES, "local", "down", "--wipe"], env=env, capture_output=True, timeout=300)
-    if TEST_HOME.exists():
-        shutil.rmtree(TEST_HOME)
+    # from nothing: stop a leftover test stack and wipe its data (LIKES_TEST_REUSE=1 keeps a
+    # running one, for quick iterations on one test file)
+    if os.environ.get("LIKES_TEST_REUSE") != "1":
+        subprocess.run(
+            [LIKES, "local", "down", "--wipe"], env=env, capture_output=True, timeout=300
+        )
+        if TEST_HOME.exists():
+            shutil.rmtree(TEST_HOME)
     first = subprocess.run(
         [LIKES, "local", "up", "--json"], env=env, capture_output=True, text=True, timeout=900
     )

@@ -11,7 +11,16 @@ __all__ = ["Component", "ProbeFailed", "Server", "build"]
 def build(layout: Layout) -> list[Component]:
     """Every component of the local stack; Prometheus last so it can scrape the others."""
     # imported here: each module pulls in its own client library
-    from local.components import cassandra, etcd, kafka, observability, redis, schema_registry
+    from local.components import (
+        cassandra,
+        etcd,
+        hotkeys,
+        kafka,
+        observability,
+        redis,
+        schema_registry,
+        services,
+    )
 
     comps: list[Component] = [
         etcd.Etcd(layout),
@@ -20,6 +29,8 @@ def build(layout: Layout) -> list[Component]:
         kafka.Kafka(layout),
         cassandra.Cassandra(layout),
         schema_registry.SchemaRegistry(layout),
+        *services.build(layout),
+        *hotkeys.build(layout),
         observability.Alertmanager(layout),
     ]
 

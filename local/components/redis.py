@@ -65,7 +65,10 @@ class CountCache(Component):
                         "appendonly no",
                         "save 60 1000",
                         "maxmemory 256mb",
-                        "maxmemory-policy allkeys-lru",
+                        # counts carry a TTL and may be evicted (the counter-store has them);
+                        # Bloom filters carry none and must not be: a lost filter is a wrong
+                        # has_liked "no"
+                        "maxmemory-policy volatile-lru",
                         "",
                     ]
                 )
@@ -101,6 +104,16 @@ class CountCache(Component):
                 raise ProbeFailed(
                     f"count-cache node {p}: cluster_state={info.get('cluster_state')}"
                 )
+        # every primary has a replica in sync: a restarted ex-primary first comes back as an
+        # empty master and turns replica seconds later; until then a second failure would lose
+        # its slots, so `up` is not done before this holds
+        for p in ports:
+            with redis.Redis(host=HOST, port=p, socket_timeout=2, decode_responses=True) as r:
+                role = r.info("replication")
+            if role["role"] == "master" and int(role.get("connected_slaves", 0)) < 1:
+                raise ProbeFailed(f"count-cache node {p}: primary without a replica")
+            if role["role"] == "slave" and role.get("master_link_status") != "up":
+                raise ProbeFailed(f"count-cache node {p}: replica not in sync")
 
     def startup_nodes(self) -> list[tuple[str, int]]:
         return [(HOST, p) for p in self.layout.ports.count_cache]

@@ -25,6 +25,7 @@ def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None
     status = json.loads(stack.first_up.stdout.splitlines()[-1])
     expected = {
         "etcd", "idem-store", "cassandra", "schema-registry", "prometheus", "alertmanager",
+        "write", "read", "outbox-relay", "aggregator",
         *(f"count-cache-{i}" for i in range(1, 7)),
         *(f"kafka-{i}" for i in range(1, stack.layout.kafka_brokers + 1)),
     }  # fmt: skip
@@ -187,7 +188,8 @@ def test_prometheus_and_alertmanager_ready_and_wired(stack: Stack) -> None:
     while True:
         targets = httpx.get(f"{stack.prometheus_url}/api/v1/targets", timeout=5).json()
         health = {t["labels"]["job"]: t["health"] for t in targets["data"]["activeTargets"]}
-        if {"prometheus", "alertmanager", "etcd"} <= set(health) and set(health.values()) == {"up"}:
+        jobs = {"prometheus", "alertmanager", "etcd", "write", "read", "outbox-relay", "aggregator"}
+        if jobs <= set(health) and set(health.values()) == {"up"}:
             break
         assert time.monotonic() < deadline, health
         time.sleep(1)

@@ -1,0 +1,148 @@
+"""End to end through the service processes `likes local up` starts: write → outbox/Kafka →
+aggregator → count-cache/counter-store → read. The invariants of DESIGN.md as the oracle."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from cassandra.cluster import Session
+
+from services.client import LikesClient
+from services.contracts import auth, clients
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def api(stack: Stack) -> LikesClient:
+    return LikesClient(stack.service_url("write"), stack.service_url("read"), attempts=8)
+
+
+@pytest.fixture(scope="module")
+def cql(stack: Stack) -> Iterator[Session]:
+    cluster, session = clients.cassandra(stack.settings())
+    yield session
+    cluster.shutdown()
+
+
+def liked_edges(cql: Session, pairs: list[tuple[str, str]]) -> Counter[str]:
+    """Distinct non-void liked edges per post: the truth a count must converge to (inv. 6)."""
+    out: Counter[str] = Counter()
+    for user, post in set(pairs):
+        row = cql.execute(
+            "SELECT state, void FROM edges WHERE user_id = %s AND kind = 'edge' AND ref = %s",
+            (user, post),
+        ).one()
+        if row and row.state == "liked" and not row.void:
+            out[post] += 1
+    return out
+
+
+def converge(api: LikesClient, expected: dict[str, int], timeout: float = 60) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    seen: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        seen = {p: api.count(p)["count"] for p in expected}
+        if seen == expected:
+            return seen
+        time.sleep(0.5)
+    return seen
+
+
+def burst(
+    stack: Stack, api: LikesClient, pairs: list[tuple[str, str]], replays: int = 1
+) -> list[int]:
+    settings = stack.settings()
+
+    def one(pair: tuple[str, str]) -> int:
+        user, post = pair
+        tok = auth.issue_token(settings, user)
+        key = str(uuid.uuid4())
+        codes = [api.like(post, idempotency_key=key, token=tok).status_code]
+        codes += [
+            api.like(post, idempotency_key=key, token=tok).status_code for _ in range(replays)
+        ]
+        return max(codes)
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, pairs))
+
+
+def test_counts_converge_to_the_liked_edges_under_normal_traffic(
+    stack: Stack, api: LikesClient, cql: Session
+) -> None:
+    posts = [f"e2e-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
+    pairs = [(f"u-{u}-{uuid.uuid4().hex[:6]}", posts[u % 4 if u % 3 else 0]) for u in range(60)]
+    assert set(burst(stack, api, pairs)) == {202}
+    truth = liked_edges(cql, pairs)
+    assert sum(truth.values()) == 60
+    assert converge(api, {p: truth[p] for p in posts}) == {p: truth[p] for p in posts}
+
+
+def test_unlike_and_relike_counts_the_final_state(
+    stack: Stack, api: LikesClient, cql: Session
+) -> None:
+    post = f"e2e-{uuid.uuid4().hex[:8]}"
+    users = [f"u-{uuid.uuid4().hex[:8]}" for _ in range(6)]
+    settings = stack.settings()
+    for i, u in enumerate(users):
+        tok = auth.issue_token(settings, u)
+        actions = ["like", "unlike", "like"] if i % 2 == 0 else ["like", "unlike"]
+        for a in actions:
+            assert api.like(post, a, token=tok).status_code == 202
+    assert converge(api, {post: 3}) == {post: 3}
+    assert liked_edges(cql, [(u, post) for u in users])[post] == 3
+
+
+@pytest.mark.disruptive
+def test_aggregator_killed_mid_window_no_loss_no_double_count(
+    stack: Stack, api: LikesClient, cql: Session
+) -> None:
+    posts = [f"e2e-{uuid.uuid4().hex[:8]}-{i}" for i in range(3)]
+    first = [(f"u-{uuid.uuid4().hex[:8]}", posts[i % 3]) for i in range(30)]
+    second = [(f"u-{uuid.uuid4().hex[:8]}", posts[i % 3]) for i in range(30)]
+    with cf.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(burst, stack, api, first + second, 0)
+        time.sleep(1.0)  # in the middle of the burst, so of some window
+        stack.cli("local", "stop", "--kill", "aggregator")
+        codes = fut.result()
+    assert set(codes) == {202}
+    stack.up()  # restarts the aggregator: it resumes from its last committed offsets
+    truth = liked_edges(cql, first + second)
+    assert converge(api, {p: truth[p] for p in posts}) == {p: truth[p] for p in posts}
+
+
+@pytest.mark.disruptive
+def test_count_cache_primary_killed_reads_stay_200(stack: Stack, api: LikesClient) -> None:
+    post = f"e2e-{uuid.uuid4().hex[:8]}"
+    pairs = [(f"u-{uuid.uuid4().hex[:8]}", post) for _ in range(5)]
+    assert set(burst(stack, api, pairs, 0)) == {202}
+    assert converge(api, {post: 5}) == {post: 5}
+    from redis.cluster import ClusterNode, RedisCluster
+
+    from services.contracts import keys
+
+    rc = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in stack.count_cache_nodes])
+    port = int(rc.get_node_from_key(keys.count_key(post)).port)
+    rc.close()
+    victim = f"count-cache-{stack.layout.ports.count_cache.index(port) + 1}"
+    stack.cli("local", "stop", "--kill", victim)
+    try:
+        statuses = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            import httpx
+
+            r = httpx.get(f"{stack.service_url('read')}/v1/posts/{post}/likes", timeout=5)
+            statuses.append(r.status_code)
+            assert r.json()["count"] in (5, None)
+            time.sleep(0.2)
+        assert set(statuses) == {200}
+    finally:
+        stack.up()
