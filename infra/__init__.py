@@ -1,0 +1,1 @@
+"""The Pulumi program: one ComponentResource per concern, plus generated configs."""

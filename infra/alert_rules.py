@@ -1,0 +1,364 @@
+"""Prometheus rules for the seed's SLIs: multi-window multi-burn-rate SLO alerts (SRE Workbook,
+"Alerting on SLOs", table 5-8) plus the plain alerts the seed names.
+
+`python -m infra.alert_rules infra/rules` regenerates the committed rules file; a test keeps the two
+equal, and the promtool unit tests beside it exercise the generated alerts.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "BAD_BIT",
+    "BURN_RATE_ALERTS",
+    "RULES_FILENAME",
+    "WINDOWS",
+    "BurnRateAlert",
+    "Slo",
+    "alert_name",
+    "default_slos",
+    "plain_alerts",
+    "recording_name",
+    "render",
+    "rule_groups",
+    "write_rules",
+]
+
+RULES_FILENAME = "likes.rules.yml"
+RUNBOOK_BASE = "runbooks"
+
+
+@dataclass(frozen=True)
+class Slo:
+    """One SLO. `error_ratio` is PromQL with a `{window}` placeholder (a range like `5m`) that
+    evaluates to the fraction of bad events (or bad minutes) over that window, as one series.
+    The placeholder is replaced literally, so PromQL braces need no escaping."""
+
+    name: str  # kebab-case; the `slo` label and, CamelCased, the alert name
+    service: str
+    objective: float  # e.g. 0.999: 0.1% of the events may be bad
+    error_ratio: str
+    description: str
+    runbook: str  # slug of runbooks/<slug>.md
+    # recording rules the error ratio reads, as (record, expr), emitted before the window ratios
+    # with this SLO's labels: a time-based SLI records its per-evaluation good/bad bit once
+    # instead of re-evaluating it inside a 3-day subquery
+    inputs: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", self.name):
+            raise ValueError(f"Slo.name: {self.name!r} is not kebab-case")
+        if not 0.0 < self.objective < 1.0:
+            raise ValueError(f"Slo.objective: {self.objective} is not within (0, 1)")
+        if "{window}" not in self.error_ratio:
+            raise ValueError(f"Slo.error_ratio of {self.name}: no {{window}} placeholder")
+        if not re.fullmatch(r"[a-z0-9-]+", self.runbook):
+            raise ValueError(f"Slo.runbook: {self.runbook!r} is not a slug")
+
+    @property
+    def budget(self) -> float:
+        return 1.0 - self.objective
+
+
+@dataclass(frozen=True)
+class BurnRateAlert:
+    """Both windows must burn faster than `factor` times the budget rate for the alert to fire:
+    the long window proves it is significant, the short one that it is still happening."""
+
+    severity: str
+    factor: float
+    long_window: str
+    short_window: str
+
+
+# SRE Workbook table 5-8: 2% of a 30-day budget in 1 h, 5% in 6 h page; 10% in 3 d is a ticket.
+BURN_RATE_ALERTS: tuple[BurnRateAlert, ...] = (
+    BurnRateAlert(severity="page", factor=14.4, long_window="1h", short_window="5m"),
+    BurnRateAlert(severity="page", factor=6.0, long_window="6h", short_window="30m"),
+    BurnRateAlert(severity="ticket", factor=1.0, long_window="3d", short_window="6h"),
+)
+WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "6h", "3d")
+
+
+# the services' RED metrics (services/common/http.py); only API routes count, not /readyz
+API_ROUTES = 'route=~"/v1/.+"'
+
+
+def _requests_error_ratio(service: str, bad: str) -> str:
+    """Bad requests over all API requests of a service."""
+    api = f'service="{service}",{API_ROUTES}'
+    return (
+        f"sum(rate(likes_http_requests_total{{{api},{bad}}}[{{window}}]))\n"
+        f"/\nsum(rate(likes_http_requests_total{{{api}}}[{{window}}]))"
+    )
+
+
+def _latency_error_ratio(service: str, le: str) -> str:
+    """API requests slower than `le` seconds (a bucket boundary) over all API requests."""
+    api = f'service="{service}",{API_ROUTES}'
+    return (
+        f"1 - (\n"
+        f'  sum(rate(likes_http_request_duration_seconds_bucket{{{api},le="{le}"}}[{{window}}]))\n'
+        f"  /\n  sum(rate(likes_http_request_duration_seconds_count{{{api}}}[{{window}}]))\n)"
+    )
+
+
+BAD_BIT = "slo:sli_bad:bool"
+
+
+def _over_threshold(selector: str, threshold: int) -> tuple[str, str]:
+    """1 when the worst series is above the threshold, else 0: recorded every evaluation, its
+    average over a window is the fraction of bad time (lags have no request count)."""
+    return (BAD_BIT, f"max({selector}) > bool {threshold}")
+
+
+def _bad_time_ratio(slo_name: str) -> str:
+    return f'avg_over_time({BAD_BIT}{{slo="{slo_name}"}}[{{window}}])'
+
+
+def default_slos() -> list[Slo]:
+    """The seed's SLIs that make sense as SLOs."""
+    return [
+        Slo(
+            name="read-availability",
+            service="read",
+            # reads never 5xx: they degrade to the last good value instead
+            objective=0.9999,
+            error_ratio=_requests_error_ratio("read", 'status=~"5.."'),
+            description="GET /v1/posts/{id}/likes and the batch read answer without a 5xx",
+            runbook="read-availability",
+        ),
+        Slo(
+            name="read-latency",
+            service="read",
+            # 100 ms is the seed's degraded p99 (count-cache down, counter-store fallback)
+            objective=0.99,
+            error_ratio=_latency_error_ratio("read", "0.1"),
+            description="reads answer within 100 ms",
+            runbook="read-latency",
+        ),
+        Slo(
+            name="write-availability",
+            service="write",
+            # a fail-closed 503 (idem-store or edge-store down) spends this budget, by design
+            objective=0.999,
+            error_ratio=_requests_error_ratio("write", 'status=~"5.."'),
+            description="POST /v1/likes answers without a 5xx",
+            runbook="write-availability",
+        ),
+        Slo(
+            name="write-latency",
+            service="write",
+            objective=0.99,
+            error_ratio=_latency_error_ratio("write", "0.25"),
+            description="POST /v1/likes answers within 250 ms",
+            runbook="write-latency",
+        ),
+        Slo(
+            name="consumer-lag",
+            service="aggregator",
+            # the seed: counts visibly stale after ~10 s of lag on likes.committed
+            objective=0.99,
+            error_ratio=_bad_time_ratio("consumer-lag"),
+            # every consumer's lag gauge: likes_aggregator_consumer_lag_seconds and the like
+            inputs=(_over_threshold('{__name__=~"likes_.+_consumer_lag_seconds"}', 10),),
+            description="likes.committed consumers stay within 10 s of the head",
+            runbook="consumer-lag",
+        ),
+        Slo(
+            name="cross-region-replication",
+            service="mirrormaker2",
+            objective=0.99,
+            error_ratio=_bad_time_ratio("cross-region-replication"),
+            # the seed's mm2_lag_seconds: MirrorMaker 2's own replication latency (Strimzi's
+            # Kafka Connect metrics config exports it), in ms
+            inputs=(
+                _over_threshold(
+                    "kafka_connect_mirror_source_connector_replication_latency_ms_max", 60_000
+                ),
+            ),
+            description="MirrorMaker 2 keeps the other region within 60 s",
+            runbook="cross-region-replication",
+        ),
+    ]
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("-"))
+
+
+def _percent(ratio: float) -> str:
+    return f"{ratio * 100:.6g}%"
+
+
+def alert_name(slo: Slo) -> str:
+    return f"{_camel(slo.name)}BudgetBurn"
+
+
+def recording_name(window: str) -> str:
+    return f"slo:sli_error:ratio_rate{window}"
+
+
+def _runbook_annotations(slug: str, runbook_base: str) -> dict[str, str]:
+    return {"runbook": slug, "runbook_url": f"{runbook_base}/{slug}.md"}
+
+
+def _recording_rules(slo: Slo) -> list[dict[str, Any]]:
+    labels = {"slo": slo.name, "service": slo.service}
+    inputs = [{"record": record, "expr": expr, "labels": labels} for record, expr in slo.inputs]
+    return inputs + [
+        {
+            "record": recording_name(window),
+            "expr": slo.error_ratio.replace("{window}", window),
+            "labels": labels,
+        }
+        for window in WINDOWS
+    ]
+
+
+def _burn_rate_rules(slo: Slo, runbook_base: str) -> list[dict[str, Any]]:
+    rules = []
+    for burn in BURN_RATE_ALERTS:
+        threshold = f"({burn.factor:g} * {slo.budget:.6g})"
+        selector = f'{{slo="{slo.name}"}}'
+        expr = (
+            f"{recording_name(burn.long_window)}{selector} > {threshold}\n"
+            f"and\n"
+            f"{recording_name(burn.short_window)}{selector} > {threshold}"
+        )
+        rules.append(
+            {
+                "alert": alert_name(slo),
+                "expr": expr,
+                "labels": {
+                    "severity": burn.severity,
+                    "slo": slo.name,
+                    "service": slo.service,
+                    "long_window": burn.long_window,
+                    "short_window": burn.short_window,
+                },
+                "annotations": {
+                    "summary": (
+                        f"{slo.name}: error budget burning at {burn.factor:g}x or faster over "
+                        f"{burn.long_window} and {burn.short_window}"
+                    ),
+                    "description": (
+                        f"{slo.description}. Error ratio over {burn.long_window}: "
+                        "{{ $value | humanizePercentage }}; "
+                        f"objective {_percent(slo.objective)}."
+                    ),
+                    **_runbook_annotations(slo.runbook, runbook_base),
+                },
+            }
+        )
+    return rules
+
+
+def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """The alerts the seed names that are not SLOs."""
+    return [
+        {
+            # dead man's switch: always firing; Alertmanager routes it to a heartbeat receiver
+            # that pages when it stops arriving
+            "alert": "Watchdog",
+            "expr": "vector(1)",
+            "labels": {"severity": "none"},
+            "annotations": {
+                "summary": "Always firing: proves Prometheus -> Alertmanager -> pager works",
+                **_runbook_annotations("watchdog", runbook_base),
+            },
+        },
+        {
+            # the seed: page when the DLQ's daily delta exceeds 1000 events; every consumer that
+            # dead-letters counts its sends (likes_aggregator_dead_letter_total and the like)
+            "alert": "DeadLetterDailyGrowth",
+            "expr": 'sum(increase({__name__=~"likes_.+_dead_letter_total"}[1d])) > 1000',
+            "labels": {"severity": "page", "service": "aggregator"},
+            "annotations": {
+                "summary": "likes.dead-letter grew by more than 1000 events in a day",
+                "description": (
+                    "{{ $value }} events were dead-lettered in 24 h: usually a producer/consumer "
+                    "version mismatch the registry did not catch."
+                ),
+                **_runbook_annotations("dead-letter-growth", runbook_base),
+            },
+        },
+        {
+            # the seed: "spans dropped (alerted on otlp_export_failures)"
+            "alert": "TraceExportFailing",
+            "expr": "sum(rate(otelcol_exporter_send_failed_spans_total[5m])) > 0",
+            "for": "10m",
+            "labels": {"severity": "ticket", "service": "otel-collector"},
+            "annotations": {
+                "summary": "The OTel Collector has been failing to export spans for 10 minutes",
+                **_runbook_annotations("trace-export-failing", runbook_base),
+            },
+        },
+    ]
+
+
+def rule_groups(slos: list[Slo], *, runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
+    """A Prometheus rules file: one group per SLO, its recording rules before its alerts (a group
+    evaluates in order, so the alerts read this cycle's ratios), then the plain alerts."""
+    names = [slo.name for slo in slos]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate SLO names: {names}")
+    groups: list[dict[str, Any]] = [
+        {
+            "name": f"slo-{slo.name}",
+            "rules": _recording_rules(slo) + _burn_rate_rules(slo, runbook_base),
+        }
+        for slo in slos
+    ]
+    groups.append({"name": "likes-alerts", "rules": plain_alerts(runbook_base)})
+    return {"groups": groups}
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # a rules file reads better without &id001 anchors
+
+
+def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # multi-line PromQL stays readable in review as a literal block
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+_HEADER = "# Generated by `python -m infra.alert_rules infra/rules`; do not edit by hand.\n"
+
+
+def render(groups: dict[str, Any]) -> str:
+    return _HEADER + yaml.dump(groups, Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def write_rules(path: Path | str, slos: list[Slo] | None = None) -> Path:
+    """Write the rules file (into `path` if it is a directory); returns the file written."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / RULES_FILENAME
+    target.write_text(render(rule_groups(default_slos() if slos is None else slos)))
+    return target
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m infra.alert_rules OUTDIR", file=sys.stderr)
+        return 2
+    outdir = Path(argv[0])
+    outdir.mkdir(parents=True, exist_ok=True)
+    print(write_rules(outdir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

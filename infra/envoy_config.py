@@ -1,0 +1,609 @@
+"""The gateway's Envoy v3 bootstrap, built from typed envoy-data-plane objects.
+
+TLS listener, JWT authentication (required for writes, optional for reads), routes to the write and
+read services, 1% of reads mirrored to the hot-key sampler, global rate limits through the
+envoyproxy/ratelimit service, JSON access logs. `ratelimit_service_config` gives that service's
+config with descriptors keyed the way the write route sends them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from dataclasses import dataclass
+from typing import Any as JsonAny
+from urllib.parse import urlsplit
+
+import betterproto2
+from envoy_data_plane.envoy.config.accesslog.v3 import AccessLog
+from envoy_data_plane.envoy.config.bootstrap.v3 import (
+    Admin,
+    Bootstrap,
+    BootstrapStaticResources,
+    LayeredRuntime,
+    RuntimeLayer,
+    RuntimeLayerAdminLayer,
+)
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    Cluster,
+    ClusterDiscoveryType,
+    ClusterDnsLookupFamily,
+    ClusterLbPolicy,
+    OutlierDetection,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutation
+from envoy_data_plane.envoy.config.core.v3 import (
+    Address,
+    ApiVersion,
+    DataSource,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    Http2ProtocolOptions,
+    HttpUri,
+    Node,
+    RuntimeFractionalPercent,
+    SocketAddress,
+    SubstitutionFormatString,
+    TransportSocket,
+    TypedExtensionConfig,
+    WatchedDirectory,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
+from envoy_data_plane.envoy.config.ratelimit.v3 import RateLimitServiceConfig
+from envoy_data_plane.envoy.config.route.v3 import (
+    DirectResponseAction,
+    HeaderMatcher,
+    RateLimit,
+    RateLimitAction,
+    RateLimitActionGenericKey,
+    RateLimitActionRemoteAddress,
+    RateLimitActionRequestHeaders,
+    RetryPolicy,
+    Route,
+    RouteAction,
+    RouteActionRequestMirrorPolicy,
+    RouteConfiguration,
+    RouteMatch,
+    VirtualHost,
+)
+from envoy_data_plane.envoy.extensions.access_loggers.stream.v3 import StdoutAccessLog
+from envoy_data_plane.envoy.extensions.filters.http.jwt_authn.v3 import (
+    JwksAsyncFetch,
+    JwtAuthentication,
+    JwtClaimToHeader,
+    JwtProvider,
+    JwtRequirement,
+    JwtRequirementOrList,
+    RemoteJwks,
+    RequirementRule,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ratelimit.v3 import (
+    RateLimit as RateLimitFilter,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ratelimit.v3 import (
+    RateLimitXRateLimitHeadersRfcVersion,
+)
+from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpConnectionManagerCodecType,
+    HttpConnectionManagerPathWithEscapedSlashesAction,
+    HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
+    HeaderMutation as EarlyHeaderMutation,
+)
+from envoy_data_plane.envoy.extensions.http.original_ip_detection.custom_header.v3 import (
+    CustomHeaderConfig,
+)
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CertificateValidationContext,
+    CommonTlsContext,
+    DownstreamTlsContext,
+    SdsSecretConfig,
+    Secret,
+    SubjectAltNameMatcher,
+    SubjectAltNameMatcherSanType,
+    TlsCertificate,
+    TlsParameters,
+    TlsParametersTlsProtocol,
+    UpstreamTlsContext,
+)
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
+from envoy_data_plane.envoy.type.v3 import FractionalPercent, FractionalPercentDenominatorType
+from envoy_data_plane.google.protobuf import Any, Empty, Struct, Value
+
+__all__ = [
+    "BATCH_READ_PATH",
+    "IP_DESCRIPTOR_KEY",
+    "JWT_PROVIDER",
+    "MIRROR_RUNTIME_KEY",
+    "READ_PATH_REGEX",
+    "ROUTE_DESCRIPTOR_KEY",
+    "USER_DESCRIPTOR_KEY",
+    "WRITE_DESCRIPTOR_VALUE",
+    "WRITE_PATH",
+    "EnvoyParams",
+    "bootstrap_message",
+    "build_bootstrap",
+    "ratelimit_service_config",
+]
+
+WRITE_PATH = "/v1/likes"
+READ_PATH_REGEX = r"^/v1/posts/[^/]+/likes$"
+BATCH_READ_PATH = "/v1/posts/likes:batch"  # POST {"post_ids": [...]}: a feed page, ≤ 50 ids
+JWT_PROVIDER = "likes_idp"
+MIRROR_RUNTIME_KEY = "likes.reads.mirror_to_sampler"
+# Descriptor keys: the write route sends (route=likes_write, user_id=<sub>) and
+# (route=likes_write, remote_address=<client ip>); the ratelimit service config mirrors them.
+ROUTE_DESCRIPTOR_KEY = "route"
+WRITE_DESCRIPTOR_VALUE = "likes_write"
+USER_DESCRIPTOR_KEY = "user_id"
+IP_DESCRIPTOR_KEY = "remote_address"  # fixed by Envoy for the remote_address action
+
+WRITE_CLUSTER = "write_svc"
+READ_CLUSTER = "read_svc"
+SAMPLER_CLUSTER = "hotkey_sampler"
+RATELIMIT_CLUSTER = "ratelimit"
+JWKS_CLUSTER = "jwks"
+
+_HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+@dataclass(frozen=True)
+class EnvoyParams:
+    """What differs between gateways; upstreams are `host:port` (headless Services, so that
+    STRICT_DNS sees every pod and outlier detection can eject one)."""
+
+    listener_port: int
+    write_upstream: str
+    read_upstream: str
+    sampler_upstream: str
+    ratelimit_upstream: str
+    ratelimit_domain: str
+    mirror_percent: float  # 1.0 means 1% of reads
+    jwt_issuer: str
+    jwks_uri: str
+    tls_secret_name: str
+    jwt_audiences: tuple[str, ...] = ()
+    user_id_header: str = "x-user-id"
+    # Behind Cloudflare the peer is a Cloudflare edge; the client is in CF-Connecting-IP. Empty:
+    # the TCP peer is the client. Only safe if the origin accepts Cloudflare's ranges alone.
+    client_ip_header: str = "CF-Connecting-IP"
+    tls_cert_dir: str = "/etc/envoy/tls"  # the Kubernetes TLS secret, mounted (tls.crt, tls.key)
+    ca_bundle: str = "/etc/ssl/certs/ca-certificates.crt"  # roots the JWKS fetch trusts
+    admin_port: int = 9901
+    ratelimit_timeout_ms: int = 50
+    write_timeout_s: float = 5.0
+    read_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("listener_port", "admin_port"):
+            port = getattr(self, name)
+            if not 0 < port < 65536:
+                raise ValueError(f"{name}: {port} is not a TCP port")
+        if self.listener_port == self.admin_port:
+            raise ValueError("admin_port: must differ from listener_port")
+        for name in ("write_upstream", "read_upstream", "sampler_upstream", "ratelimit_upstream"):
+            _host_port(getattr(self, name), name)
+        if not 0.0 <= self.mirror_percent <= 100.0:
+            raise ValueError(f"mirror_percent: {self.mirror_percent} is not within 0..100")
+        _mirror_fraction(self.mirror_percent)
+        if urlsplit(self.jwks_uri).scheme != "https" or not urlsplit(self.jwks_uri).hostname:
+            raise ValueError(f"jwks_uri: {self.jwks_uri!r} is not an https URL")
+        for name in ("ratelimit_domain", "jwt_issuer", "tls_secret_name", "user_id_header"):
+            if not getattr(self, name):
+                raise ValueError(f"{name}: must not be empty")
+
+
+def _host_port(value: str, name: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{name}: {value!r} is not host:port")
+    return host, int(port)
+
+
+def _mirror_fraction(percent: float) -> FractionalPercent:
+    """Whole percents stay in HUNDRED (1% reads as 1/100); finer ones need MILLION."""
+    if float(percent).is_integer():
+        return FractionalPercent(
+            numerator=int(percent), denominator=FractionalPercentDenominatorType.HUNDRED
+        )
+    per_million = percent * 10_000
+    if not math.isclose(per_million, round(per_million)):
+        raise ValueError(f"mirror_percent: {percent} is finer than one per million")
+    return FractionalPercent(
+        numerator=round(per_million), denominator=FractionalPercentDenominatorType.MILLION
+    )
+
+
+def _seconds(value: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=value)
+
+
+def _address(host: str, port: int) -> Address:
+    return Address(socket_address=SocketAddress(address=host, port_value=port))
+
+
+def _typed(name: str, message: betterproto2.Message) -> TypedExtensionConfig:
+    return TypedExtensionConfig(name=name, typed_config=Any.pack(message))
+
+
+def _cluster(
+    name: str,
+    upstream: str,
+    *,
+    http2: bool = False,
+    tls_sni: str | None = None,
+    ca_bundle: str = "",
+    eject_failing_hosts: bool = True,
+) -> Cluster:
+    host, port = _host_port(upstream, name)
+    cluster = Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STRICT_DNS,
+        connect_timeout=_seconds(1),
+        lb_policy=ClusterLbPolicy.LEAST_REQUEST,
+        dns_lookup_family=ClusterDnsLookupFamily.V4_PREFERRED,
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=name,
+            endpoints=[
+                LocalityLbEndpoints(
+                    lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=_address(host, port)))]
+                )
+            ],
+        ),
+    )
+    if eject_failing_hosts:
+        # the seed's "pod crash: LB ejects within 5 s". consecutive_5xx keeps Envoy's default (5):
+        # betterproto2 spells it `consecutive5Xx` in JSON, which neither Envoy nor from_dict reads
+        cluster.outlier_detection = OutlierDetection(
+            consecutive_gateway_failure=3,
+            interval=_seconds(5),
+            base_ejection_time=_seconds(30),
+            max_ejection_percent=50,
+        )
+    if http2:
+        options = HttpProtocolOptions(
+            explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+                http2_protocol_options=Http2ProtocolOptions()
+            )
+        )
+        cluster.typed_extension_protocol_options = {_HTTP_PROTOCOL_OPTIONS: Any.pack(options)}
+    if tls_sni is not None:
+        # verify the peer against the system roots and the host name: a forged JWKS would let
+        # anyone mint tokens
+        tls = UpstreamTlsContext(
+            sni=tls_sni,
+            common_tls_context=CommonTlsContext(
+                validation_context=CertificateValidationContext(
+                    # system_root_certs is gRPC-only (Envoy refuses SAN checks without a CA)
+                    trusted_ca=DataSource(filename=ca_bundle),
+                    match_typed_subject_alt_names=[
+                        SubjectAltNameMatcher(
+                            san_type=SubjectAltNameMatcherSanType.DNS,
+                            matcher=StringMatcher(exact=tls_sni),
+                        )
+                    ],
+                )
+            ),
+        )
+        cluster.transport_socket = TransportSocket(
+            name="envoy.transport_sockets.tls", typed_config=Any.pack(tls)
+        )
+    return cluster
+
+
+def _method(method: str) -> HeaderMatcher:
+    return HeaderMatcher(name=":method", string_match=StringMatcher(exact=method))
+
+
+def _write_match() -> RouteMatch:
+    return RouteMatch(path=WRITE_PATH, headers=[_method("POST")])
+
+
+def _write_rate_limits(params: EnvoyParams) -> list[RateLimit]:
+    route_key = RateLimitAction(
+        generic_key=RateLimitActionGenericKey(
+            descriptor_key=ROUTE_DESCRIPTOR_KEY, descriptor_value=WRITE_DESCRIPTOR_VALUE
+        )
+    )
+    per_user = RateLimitAction(
+        request_headers=RateLimitActionRequestHeaders(
+            header_name=params.user_id_header, descriptor_key=USER_DESCRIPTOR_KEY
+        )
+    )
+    per_ip = RateLimitAction(remote_address=RateLimitActionRemoteAddress())
+    return [RateLimit(actions=[route_key, per_user]), RateLimit(actions=[route_key, per_ip])]
+
+
+def _read_action(params: EnvoyParams) -> RouteAction:
+    return RouteAction(
+        cluster=READ_CLUSTER,
+        timeout=_seconds(params.read_timeout_s),
+        # reads are safe to retry; the read service answers stale rather than 5xx anyway
+        retry_policy=RetryPolicy(retry_on="5xx,reset,connect-failure", num_retries=1),
+        request_mirror_policies=[
+            RouteActionRequestMirrorPolicy(
+                cluster=SAMPLER_CLUSTER,
+                runtime_fraction=RuntimeFractionalPercent(
+                    default_value=_mirror_fraction(params.mirror_percent),
+                    runtime_key=MIRROR_RUNTIME_KEY,
+                ),
+            )
+        ],
+    )
+
+
+def _routes(params: EnvoyParams) -> RouteConfiguration:
+    write = Route(
+        name="likes_write",
+        match=_write_match(),
+        route=RouteAction(
+            cluster=WRITE_CLUSTER,
+            timeout=_seconds(params.write_timeout_s),
+            # only failures before the request reached a pod: a replay is deduped by the
+            # Idempotency-Key anyway, but retrying a 503 would add load to a failing store
+            retry_policy=RetryPolicy(retry_on="connect-failure,refused-stream", num_retries=2),
+            rate_limits=_write_rate_limits(params),
+        ),
+    )
+    read = Route(
+        name="post_likes_read",
+        match=RouteMatch(safe_regex=RegexMatcher(regex=READ_PATH_REGEX), headers=[_method("GET")]),
+        route=_read_action(params),
+    )
+    batch = Route(
+        name="post_likes_batch_read",
+        # a read although a POST (the ids are a body); mirrored like the single read
+        match=RouteMatch(path=BATCH_READ_PATH, headers=[_method("POST")]),
+        route=_read_action(params),
+    )
+    wrong_method = Route(
+        name="likes_method_not_allowed",
+        match=RouteMatch(path=WRITE_PATH),
+        direct_response=DirectResponseAction(status=405),
+    )
+    return RouteConfiguration(
+        name="likes",
+        virtual_hosts=[
+            VirtualHost(name="likes", domains=["*"], routes=[write, read, batch, wrong_method])
+        ],
+    )
+
+
+def _jwt_filter(params: EnvoyParams) -> JwtAuthentication:
+    provider = JwtProvider(
+        issuer=params.jwt_issuer,
+        audiences=list(params.jwt_audiences),
+        remote_jwks=RemoteJwks(
+            http_uri=HttpUri(uri=params.jwks_uri, cluster=JWKS_CLUSTER, timeout=_seconds(2)),
+            cache_duration=_seconds(600),
+            # fetch at startup, so the first write after a deploy does not wait on the IdP
+            async_fetch=JwksAsyncFetch(fast_listener=False),
+        ),
+        # the services verify the token too (defence in depth) and read has_liked from it
+        forward=True,
+        claim_to_headers=[JwtClaimToHeader(header_name=params.user_id_header, claim_name="sub")],
+    )
+    required = JwtRequirement(provider_name=JWT_PROVIDER)
+    # reads: a valid token gives has_liked, no token is anonymous, a bad token is still a 401
+    optional = JwtRequirement(
+        requires_any=JwtRequirementOrList(
+            requirements=[required, JwtRequirement(allow_missing=Empty())]
+        )
+    )
+    return JwtAuthentication(
+        providers={JWT_PROVIDER: provider},
+        rules=[
+            RequirementRule(match=_write_match(), requires=required),
+            RequirementRule(match=RouteMatch(prefix="/"), requires=optional),
+        ],
+    )
+
+
+def _ratelimit_filter(params: EnvoyParams) -> RateLimitFilter:
+    return RateLimitFilter(
+        domain=params.ratelimit_domain,
+        # fail open: a ratelimit outage must not stop every like; abuse scoring still runs
+        failure_mode_deny=False,
+        timeout=datetime.timedelta(milliseconds=params.ratelimit_timeout_ms),
+        enable_x_ratelimit_headers=RateLimitXRateLimitHeadersRfcVersion.DRAFT_VERSION_03,
+        rate_limit_service=RateLimitServiceConfig(
+            grpc_service=GrpcService(
+                envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=RATELIMIT_CLUSTER)
+            ),
+            transport_api_version=ApiVersion.V3,
+        ),
+    )
+
+
+def _access_log() -> AccessLog:
+    fields = {
+        "start_time": "%START_TIME%",
+        "method": "%REQ(:METHOD)%",
+        "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+        "protocol": "%PROTOCOL%",
+        "response_code": "%RESPONSE_CODE%",
+        "response_flags": "%RESPONSE_FLAGS%",
+        "duration_ms": "%DURATION%",
+        "upstream_service_time_ms": "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%",
+        "upstream_cluster": "%UPSTREAM_CLUSTER%",
+        "upstream_host": "%UPSTREAM_HOST%",
+        "client_ip": "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%",
+        "request_id": "%REQ(X-REQUEST-ID)%",
+        "traceparent": "%REQ(TRACEPARENT)%",
+        "user_agent": "%REQ(USER-AGENT)%",
+        "bytes_received": "%BYTES_RECEIVED%",
+        "bytes_sent": "%BYTES_SENT%",
+    }
+    log_format = SubstitutionFormatString(
+        json_format=Struct(fields={k: Value(string_value=v) for k, v in fields.items()})
+    )
+    return AccessLog(
+        name="envoy.access_loggers.stdout",
+        typed_config=Any.pack(StdoutAccessLog(log_format=log_format)),
+    )
+
+
+def _http_connection_manager(params: EnvoyParams) -> HttpConnectionManager:
+    hcm = HttpConnectionManager(
+        stat_prefix="ingress_https",
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        route_config=_routes(params),
+        # jwt_authn first: it sets the user header the ratelimit descriptors read
+        http_filters=[
+            HttpFilter(
+                name="envoy.filters.http.jwt_authn", typed_config=Any.pack(_jwt_filter(params))
+            ),
+            HttpFilter(
+                name="envoy.filters.http.ratelimit",
+                typed_config=Any.pack(_ratelimit_filter(params)),
+            ),
+            HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(Router())),
+        ],
+        # a client-sent user header must never pass for a verified identity: strip it before any
+        # filter runs (jwt_authn sets it from the token). Envoy 1.40's jwt_authn clears it too;
+        # this keeps it so on older builds and whatever the filter's config becomes
+        early_header_mutation_extensions=[
+            _typed(
+                "envoy.http.early_header_mutation.header_mutation",
+                EarlyHeaderMutation(mutations=[HeaderMutation(remove=params.user_id_header)]),
+            )
+        ],
+        # route and JWT rules match on the normalised path: //v1/likes or %2F cannot dodge them
+        normalize_path=True,
+        merge_slashes=True,
+        path_with_escaped_slashes_action=HttpConnectionManagerPathWithEscapedSlashesAction.REJECT_REQUEST,
+        request_headers_timeout=_seconds(10),
+        stream_idle_timeout=_seconds(30),
+        access_log=[_access_log()],
+    )
+    # Envoy refuses use_remote_address together with a detection extension
+    if not params.client_ip_header:
+        hcm.use_remote_address = True
+    else:
+        hcm.original_ip_detection_extensions = [
+            _typed(
+                "envoy.http.original_ip_detection.custom_header",
+                CustomHeaderConfig(header_name=params.client_ip_header),
+            )
+        ]
+    return hcm
+
+
+def _listener(params: EnvoyParams) -> Listener:
+    tls = DownstreamTlsContext(
+        common_tls_context=CommonTlsContext(
+            tls_params=TlsParameters(tls_minimum_protocol_version=TlsParametersTlsProtocol.TLSv1_2),
+            # names the static secret below; an SDS server could serve the same name later
+            tls_certificate_sds_secret_configs=[SdsSecretConfig(name=params.tls_secret_name)],
+            alpn_protocols=["h2", "http/1.1"],
+        )
+    )
+    return Listener(
+        name="https",
+        address=_address("0.0.0.0", params.listener_port),
+        filter_chains=[
+            FilterChain(
+                filters=[
+                    Filter(
+                        name="envoy.filters.network.http_connection_manager",
+                        typed_config=Any.pack(_http_connection_manager(params)),
+                    )
+                ],
+                transport_socket=TransportSocket(
+                    name="envoy.transport_sockets.tls", typed_config=Any.pack(tls)
+                ),
+            )
+        ],
+    )
+
+
+def _tls_secret(params: EnvoyParams) -> Secret:
+    cert_dir = params.tls_cert_dir.rstrip("/")
+    return Secret(
+        name=params.tls_secret_name,
+        tls_certificate=TlsCertificate(
+            certificate_chain=DataSource(filename=f"{cert_dir}/tls.crt"),
+            private_key=DataSource(filename=f"{cert_dir}/tls.key"),
+            # Kubernetes swaps the mounted secret atomically; reload the pair when it rotates
+            watched_directory=WatchedDirectory(path=cert_dir),
+        ),
+    )
+
+
+def bootstrap_message(params: EnvoyParams) -> Bootstrap:
+    """The typed Bootstrap (for callers that want the objects rather than JSON)."""
+    jwks_host = urlsplit(params.jwks_uri).hostname or ""
+    jwks_port = urlsplit(params.jwks_uri).port or 443
+    return Bootstrap(
+        node=Node(cluster="likes-gateway"),
+        admin=Admin(address=_address("127.0.0.1", params.admin_port)),
+        # the admin layer lets on-call change the mirror fraction without a deploy
+        layered_runtime=LayeredRuntime(
+            layers=[
+                RuntimeLayer(name="static", static_layer=Struct()),
+                RuntimeLayer(name="admin", admin_layer=RuntimeLayerAdminLayer()),
+            ]
+        ),
+        static_resources=BootstrapStaticResources(
+            listeners=[_listener(params)],
+            clusters=[
+                _cluster(WRITE_CLUSTER, params.write_upstream),
+                _cluster(READ_CLUSTER, params.read_upstream),
+                # mirrored traffic is fire-and-forget; never eject on its answers
+                _cluster(SAMPLER_CLUSTER, params.sampler_upstream, eject_failing_hosts=False),
+                _cluster(RATELIMIT_CLUSTER, params.ratelimit_upstream, http2=True),
+                _cluster(
+                    JWKS_CLUSTER,
+                    f"{jwks_host}:{jwks_port}",
+                    tls_sni=jwks_host,
+                    ca_bundle=params.ca_bundle,
+                    eject_failing_hosts=False,
+                ),
+            ],
+            secrets=[_tls_secret(params)],
+        ),
+    )
+
+
+def build_bootstrap(params: EnvoyParams) -> dict[str, JsonAny]:
+    """The Envoy v3 Bootstrap as proto3 JSON, ready for `envoy -c bootstrap.json`."""
+    return bootstrap_message(params).to_dict()
+
+
+def ratelimit_service_config(
+    domain: str, per_user_per_min: int = 100, per_ip_per_min: int = 1000
+) -> dict[str, JsonAny]:
+    """envoyproxy/ratelimit's config: the seed's per-user and per-IP write limits, nested under the
+    write route's generic key exactly as `_write_rate_limits` sends them."""
+    if per_user_per_min <= 0 or per_ip_per_min <= 0:
+        raise ValueError("rate limits must be positive")
+
+    def limit(key: str, per_minute: int) -> dict[str, JsonAny]:
+        return {"key": key, "rate_limit": {"unit": "minute", "requests_per_unit": per_minute}}
+
+    return {
+        "domain": domain,
+        "descriptors": [
+            {
+                "key": ROUTE_DESCRIPTOR_KEY,
+                "value": WRITE_DESCRIPTOR_VALUE,
+                "descriptors": [
+                    limit(USER_DESCRIPTOR_KEY, per_user_per_min),
+                    limit(IP_DESCRIPTOR_KEY, per_ip_per_min),
+                ],
+            }
+        ],
+    }

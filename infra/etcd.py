@@ -1,0 +1,140 @@
+"""etcd: the config store (hot-key set, CDN heat, kill switches). Five members spread over three
+zones (2/2/1), so a zone loss leaves three: quorum holds. The PDB keeps three up (quorum) too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import k8s as kx
+
+CLIENT_PORT = 2379
+PEER_PORT = 2380
+METRICS_PORT = 2381
+
+
+@dataclass(frozen=True)
+class EtcdArgs:
+    namespace: str
+    members: int
+    storage_gi: int
+    version: str
+    storage_class: str = "gp3"
+
+
+def quorum(members: int) -> int:
+    return members // 2 + 1
+
+
+def initial_cluster(name: str, namespace: str, members: int) -> str:
+    peer = f"{name}-peer.{namespace}.svc.cluster.local"
+    return ",".join(f"{name}-{i}=http://{name}-{i}.{peer}:{PEER_PORT}" for i in range(members))
+
+
+class Etcd(pulumi.ComponentResource):
+    client_endpoint: str
+    service: k8s.core.v1.Service
+
+    def __init__(
+        self, name: str, args: EtcdArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("likes:infra:Etcd", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        ns = args.namespace
+        lbls = kx.labels(name, "config-store", "datastore")
+        match = kx.selector(name)
+        kx.headless_service(
+            f"{name}-peer",
+            ns,
+            lbls,
+            match,
+            {"client": CLIENT_PORT, "peer": PEER_PORT},
+            child,
+            publish_not_ready=True,  # members must resolve each other before they are ready
+        )
+        client = kx.headless_service(
+            name, ns, lbls, match, {"client": CLIENT_PORT}, child, headless=False
+        )
+        kx.service_account(name, ns, lbls, child)
+        peer_host = f"$(POD_NAME).{name}-peer.{ns}.svc.cluster.local"
+        command = [
+            "etcd",
+            "--name=$(POD_NAME)",
+            "--data-dir=/var/lib/etcd/data",
+            f"--listen-peer-urls=http://0.0.0.0:{PEER_PORT}",
+            f"--listen-client-urls=http://0.0.0.0:{CLIENT_PORT}",
+            f"--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}",
+            f"--advertise-client-urls=http://{peer_host}:{CLIENT_PORT}",
+            f"--initial-advertise-peer-urls=http://{peer_host}:{PEER_PORT}",
+            f"--initial-cluster={initial_cluster(name, ns, args.members)}",
+            "--initial-cluster-state=new",
+            f"--initial-cluster-token={name}-{ns}",
+            "--auto-compaction-retention=1h",
+            "--quota-backend-bytes=2147483648",
+        ]
+        container = kx.core.ContainerArgs(
+            name="etcd",
+            image=f"quay.io/coreos/etcd:{args.version}",
+            command=command,
+            env=[
+                kx.core.EnvVarArgs(
+                    name="POD_NAME",
+                    value_from=kx.core.EnvVarSourceArgs(
+                        field_ref=kx.core.ObjectFieldSelectorArgs(field_path="metadata.name")
+                    ),
+                )
+            ],
+            ports=[
+                kx.core.ContainerPortArgs(name="client", container_port=CLIENT_PORT),
+                kx.core.ContainerPortArgs(name="peer", container_port=PEER_PORT),
+                kx.core.ContainerPortArgs(name="metrics", container_port=METRICS_PORT),
+            ],
+            resources=kx.resources("500m", "2Gi", cpu_limit="2"),
+            # Serializable health answers from the local member: a lost quorum must not make
+            # the kubelet restart every member (that would only make recovery slower).
+            liveness_probe=kx.http_probe("/health?serializable=true", METRICS_PORT, delay=10),
+            readiness_probe=kx.http_probe("/health", METRICS_PORT),
+            security_context=kx.security(),
+            volume_mounts=[kx.mount("data", "/var/lib/etcd")],
+        )
+        sts = k8s.apps.v1.StatefulSet(
+            name,
+            metadata=kx.meta(name, ns, lbls),
+            spec=k8s.apps.v1.StatefulSetSpecArgs(
+                replicas=args.members,
+                service_name=f"{name}-peer",
+                # All members start together: with OrderedReady, member 0 waits for a quorum
+                # that can only form once the others exist.
+                pod_management_policy="Parallel",
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name=name,
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(),
+                        node_selector=kx.node_selector("system"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[container],
+                    ),
+                ),
+                volume_claim_templates=[
+                    kx.pvc_template("data", args.storage_gi, args.storage_class)
+                ],
+            ),
+            opts=child,
+        )
+        kx.pdb(
+            name,
+            ns,
+            match,
+            lbls,
+            pulumi.ResourceOptions(parent=self, depends_on=[sts]),
+            min_available=quorum(args.members),
+        )
+        # Names are fixed at declaration, so endpoints are plain strings other components embed.
+        self.client_endpoint = f"http://{name}.{ns}.svc.cluster.local:{CLIENT_PORT}"
+        self.service = client
+        self.register_outputs({"client_endpoint": self.client_endpoint})

@@ -1,0 +1,319 @@
+"""Gateway: Envoy (config built by infra/envoy_config from typed envoy-data-plane objects), the
+envoyproxy/ratelimit service with its Redis, the TLS certificate, HPA and PDB."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from infra import envoy_config
+from infra import k8s as kx
+
+LISTENER_PORT = 8443
+ADMIN_PORT = 9901
+RATELIMIT_GRPC = 8081
+RATELIMIT_HTTP = 8080
+TLS_SECRET = "gateway-tls"
+# Only Cloudflare reaches the origin: the per-IP limit trusts CF-Connecting-IP, which anyone
+# else could forge (https://www.cloudflare.com/ips-v4).
+CLOUDFLARE_IPV4 = (
+    "173.245.48.0/20",
+    "103.21.244.0/22",
+    "103.22.200.0/22",
+    "103.31.4.0/22",
+    "141.101.64.0/18",
+    "108.162.192.0/18",
+    "190.93.240.0/20",
+    "188.114.96.0/20",
+    "197.234.240.0/22",
+    "198.41.128.0/17",
+    "162.158.0.0/15",
+    "104.16.0.0/13",
+    "104.24.0.0/14",
+    "172.64.0.0/13",
+    "131.0.72.0/22",
+)
+RATELIMIT_DOMAIN = "likes"
+_LB = "service.beta.kubernetes.io/aws-load-balancer"
+
+
+@dataclass(frozen=True)
+class GatewayArgs:
+    namespace: str
+    hostname: str
+    min_replicas: int
+    max_replicas: int
+    per_user_writes_per_min: int
+    per_ip_writes_per_min: int
+    mirror_percent: float
+    jwt_issuer: str
+    jwks_uri: str
+    write_upstream: str
+    read_upstream: str
+    sampler_upstream: str
+    envoy_image: str = "envoyproxy/envoy:v1.36.2"
+    ratelimit_image: str = "envoyproxy/ratelimit:3fb70258"
+    redis_image: str = "redis:7.4"
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+def envoy_params(args: GatewayArgs, namespace: str) -> envoy_config.EnvoyParams:
+    return envoy_config.EnvoyParams(
+        listener_port=LISTENER_PORT,
+        write_upstream=args.write_upstream,
+        read_upstream=args.read_upstream,
+        sampler_upstream=args.sampler_upstream,
+        ratelimit_upstream=f"ratelimit.{namespace}.svc.cluster.local:{RATELIMIT_GRPC}",
+        ratelimit_domain=RATELIMIT_DOMAIN,
+        mirror_percent=args.mirror_percent,
+        jwt_issuer=args.jwt_issuer,
+        jwks_uri=args.jwks_uri,
+        tls_secret_name=TLS_SECRET,
+        admin_port=ADMIN_PORT,
+    )
+
+
+class Gateway(pulumi.ComponentResource):
+    service: k8s.core.v1.Service
+    hostname: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("likes:infra:Gateway", name, None, opts)
+        ns = args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        bootstrap = json.dumps(envoy_config.build_bootstrap(envoy_params(args, ns)), indent=1)
+        ratelimit_yaml = yaml.safe_dump(
+            envoy_config.ratelimit_service_config(
+                RATELIMIT_DOMAIN, args.per_user_writes_per_min, args.per_ip_writes_per_min
+            ),
+            sort_keys=False,
+        )
+        self._ratelimit(ns, ratelimit_yaml, args.ratelimit_image, args.redis_image)
+        lbls = kx.labels("envoy", "gateway", "edge")
+        match = kx.selector("envoy")
+        # Issued by cert-manager (installed by the platform component) from the ACME issuer.
+        k8s.apiextensions.CustomResource(
+            f"{name}-certificate",
+            api_version="cert-manager.io/v1",
+            kind="Certificate",
+            metadata=kx.meta(TLS_SECRET, ns, lbls),
+            spec={
+                "secretName": TLS_SECRET,
+                "dnsNames": [args.hostname],
+                "issuerRef": {"name": "letsencrypt", "kind": "ClusterIssuer"},
+                "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+            },
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
+        )
+        k8s.core.v1.ConfigMap(
+            f"{name}-envoy",
+            metadata=kx.meta("envoy", ns, lbls),
+            data={"envoy.json": bootstrap},
+            opts=child,
+        )
+        kx.service_account("envoy", ns, lbls, child)
+        container = kx.core.ContainerArgs(
+            name="envoy",
+            image=args.envoy_image,
+            args=["-c", "/etc/envoy/envoy.json", "--drain-time-s", "20"],
+            ports=[
+                kx.core.ContainerPortArgs(name="https", container_port=LISTENER_PORT),
+                kx.core.ContainerPortArgs(name="admin", container_port=ADMIN_PORT),
+            ],
+            resources=kx.resources("2", "1Gi", cpu_limit="4"),
+            liveness_probe=kx.http_probe("/server_info", ADMIN_PORT, delay=5),
+            # /ready turns 503 while draining, so the NLB stops sending before the pod exits.
+            readiness_probe=kx.http_probe("/ready", ADMIN_PORT, period=5),
+            security_context=kx.security(uid=101),
+            volume_mounts=[
+                kx.mount("config", "/etc/envoy", read_only=True),
+                kx.mount("tls", "/etc/envoy/tls", read_only=True),
+                kx.mount("tmp", "/tmp"),
+            ],
+        )
+        deployment = k8s.apps.v1.Deployment(
+            "envoy",
+            metadata=kx.meta("envoy", ns, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                strategy=k8s.apps.v1.DeploymentStrategyArgs(
+                    type="RollingUpdate",
+                    rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(
+                        max_unavailable=0, max_surge="25%"
+                    ),
+                ),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(
+                        labels=lbls,
+                        annotations={"likes.io/config-sha": _sha(bootstrap)},
+                    ),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name="envoy",
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(uid=101),
+                        termination_grace_period_seconds=30,
+                        node_selector=kx.node_selector("gateway"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[container],
+                        volumes=[
+                            kx.config_volume("config", "envoy"),
+                            kx.core.VolumeArgs(
+                                name="tls",
+                                secret=kx.core.SecretVolumeSourceArgs(secret_name=TLS_SECRET),
+                            ),
+                            kx.empty_dir("tmp"),
+                        ],
+                    ),
+                ),
+            ),
+            # Replicas belong to the HPA; declaring them here would fight it on every update.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["spec.replicas"]),
+        )
+        kx.hpa("envoy", ns, lbls, "Deployment", args.min_replicas, args.max_replicas, child)
+        kx.pdb("envoy", ns, match, lbls, child, max_unavailable="10%")
+        self.service = k8s.core.v1.Service(
+            f"{name}-lb",
+            metadata=kx.meta(
+                "envoy",
+                ns,
+                lbls,
+                {
+                    "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+                    "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+                    "service.beta.kubernetes.io/aws-load-balancer-scheme": "internet-facing",
+                    f"{_LB}-cross-zone-load-balancing-enabled": "true",
+                },
+            ),
+            spec=kx.core.ServiceSpecArgs(
+                type="LoadBalancer",
+                selector=match,
+                external_traffic_policy="Local",
+                load_balancer_source_ranges=list(CLOUDFLARE_IPV4),
+                ports=[kx.core.ServicePortArgs(name="https", port=443, target_port=LISTENER_PORT)],
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[deployment]),
+        )
+        self.hostname = self.service.status.apply(_lb_hostname)
+        self.register_outputs({"hostname": self.hostname})
+
+    def _ratelimit(self, ns: str, config_yaml: str, image: str, redis_image: str) -> None:
+        child = pulumi.ResourceOptions(parent=self)
+        lbls = kx.labels("ratelimit", "ratelimit", "edge")
+        match = kx.selector("ratelimit")
+        k8s.core.v1.ConfigMap(
+            "ratelimit-config",
+            metadata=kx.meta("ratelimit-config", ns, lbls),
+            data={"config.yaml": config_yaml},
+            opts=child,
+        )
+        kx.service_account("ratelimit", ns, lbls, child)
+        kx.headless_service(
+            "ratelimit", ns, lbls, match, {"grpc": RATELIMIT_GRPC, "http": RATELIMIT_HTTP}, child
+        )
+        container = kx.core.ContainerArgs(
+            name="ratelimit",
+            image=image,
+            command=["/bin/ratelimit"],
+            env=kx.env(
+                {
+                    "USE_STATSD": "false",
+                    "LOG_LEVEL": "info",
+                    "REDIS_SOCKET_TYPE": "tcp",
+                    "REDIS_URL": f"ratelimit-redis.{ns}.svc.cluster.local:6379",
+                    "RUNTIME_ROOT": "/data",
+                    "RUNTIME_SUBDIRECTORY": "ratelimit",
+                    "RUNTIME_WATCH_ROOT": "false",
+                    "GRPC_PORT": str(RATELIMIT_GRPC),
+                    "PORT": str(RATELIMIT_HTTP),
+                }
+            ),
+            ports=[
+                kx.core.ContainerPortArgs(name="grpc", container_port=RATELIMIT_GRPC),
+                kx.core.ContainerPortArgs(name="http", container_port=RATELIMIT_HTTP),
+            ],
+            resources=kx.resources("500m", "256Mi", cpu_limit="1"),
+            liveness_probe=kx.http_probe("/healthcheck", RATELIMIT_HTTP),
+            readiness_probe=kx.http_probe("/healthcheck", RATELIMIT_HTTP),
+            security_context=kx.security(),
+            volume_mounts=[kx.mount("config", "/data/ratelimit/config", read_only=True)],
+        )
+        k8s.apps.v1.Deployment(
+            "ratelimit",
+            metadata=kx.meta("ratelimit", ns, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=3,
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(
+                        labels=lbls, annotations={"likes.io/config-sha": _sha(config_yaml)}
+                    ),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name="ratelimit",
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(),
+                        node_selector=kx.node_selector("gateway"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[container],
+                        volumes=[kx.config_volume("config", "ratelimit-config")],
+                    ),
+                ),
+            ),
+            opts=child,
+        )
+        kx.pdb("ratelimit", ns, match, lbls, child, max_unavailable=1)
+        # Counters only live a minute: losing this Redis resets windows, it loses no data.
+        r_lbls = kx.labels("ratelimit-redis", "ratelimit", "edge")
+        r_match = kx.selector("ratelimit-redis")
+        kx.headless_service(
+            "ratelimit-redis", ns, r_lbls, r_match, {"redis": 6379}, child, headless=False
+        )
+        ping = ["redis-cli", "ping"]
+        k8s.apps.v1.Deployment(
+            "ratelimit-redis",
+            metadata=kx.meta("ratelimit-redis", ns, r_lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=1,
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=r_match),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=r_lbls),
+                    spec=kx.core.PodSpecArgs(
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(uid=999),
+                        node_selector=kx.node_selector("gateway"),
+                        containers=[
+                            kx.core.ContainerArgs(
+                                name="redis",
+                                image=redis_image,
+                                args=["--save", "", "--appendonly", "no", "--maxmemory", "400mb"],
+                                ports=[
+                                    kx.core.ContainerPortArgs(name="redis", container_port=6379)
+                                ],
+                                resources=kx.resources("250m", "512Mi"),
+                                liveness_probe=kx.exec_probe(ping),
+                                readiness_probe=kx.exec_probe(ping),
+                                security_context=kx.security(uid=999),
+                            )
+                        ],
+                    ),
+                ),
+            ),
+            opts=child,
+        )
+
+
+def _lb_hostname(status: k8s.core.v1.outputs.ServiceStatus | None) -> str:
+    """The NLB's DNS name once AWS has assigned it (empty until then)."""
+    ingress = status.load_balancer.ingress if status and status.load_balancer else None
+    return (ingress[0].hostname or "") if ingress else ""
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

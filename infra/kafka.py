@@ -1,0 +1,359 @@
+"""Kafka through Strimzi (`kafka.strimzi.io/v1`): a KRaft cluster of node pools over the three
+zones, the event topics, and MirrorMaker 2 pulling the peer regions' events into this one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import k8s as kx
+from infra.config import Peer
+
+API = "kafka.strimzi.io/v1"
+CLUSTER_LABEL = "strimzi.io/cluster"
+INTERNAL_LB = {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}
+DAY_MS = 24 * 3600 * 1000
+EVENT_TOPICS = ("likes.committed", "likes.voided", "likes.unvoided")
+DEAD_LETTER = "likes.dead-letter"
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replicas: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KafkaArgs:
+    namespace: str
+    region: str
+    zones: tuple[str, ...]
+    version: str
+    controllers: int
+    brokers_per_zone: int
+    broker_storage_gi: int
+    broker_cpu: str
+    broker_memory_gi: int
+    partitions: int
+    dead_letter_partitions: int
+    dead_letter_retention_days: int
+    retention_hours: int
+    replication_factor: int
+    min_insync_replicas: int
+    mirror_maker_replicas: int
+    peers: Sequence[Peer] = ()
+    cluster_name: str = "likes"
+    storage_class: str = "gp3"
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+def topic_specs(args: KafkaArgs) -> list[TopicSpec]:
+    """The platform's topics. Pure, so tests check the numbers without a cluster."""
+    durable = {
+        "min.insync.replicas": args.min_insync_replicas,
+        "unclean.leader.election.enable": False,
+    }
+    events = [
+        TopicSpec(
+            name,
+            args.partitions,
+            args.replication_factor,
+            {**durable, "retention.ms": args.retention_hours * 3600 * 1000},
+        )
+        for name in EVENT_TOPICS
+    ]
+    dead_letter = TopicSpec(
+        DEAD_LETTER,
+        args.dead_letter_partitions,
+        args.replication_factor,
+        {**durable, "retention.ms": args.dead_letter_retention_days * DAY_MS},
+    )
+    return [*events, dead_letter]
+
+
+def _zone_affinity(zone: str) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": kx.ZONE_KEY, "operator": "In", "values": [zone]}]}
+                ]
+            }
+        }
+    }
+
+
+def _tolerations() -> list[dict[str, str]]:
+    return [
+        {"key": kx.WORKLOAD_LABEL, "operator": "Equal", "value": "kafka", "effect": "NoSchedule"}
+    ]
+
+
+class Kafka(pulumi.ComponentResource):
+    bootstrap_servers: str
+    topics: list[str]
+
+    def __init__(
+        self, name: str, args: KafkaArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("likes:infra:Kafka", name, None, opts)
+        ns, cluster = args.namespace, args.cluster_name
+        after_operator = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
+        pool_labels = {CLUSTER_LABEL: cluster, kx.TIER_LABEL: "datastore"}
+        pools: list[pulumi.Resource] = []
+        controller_match = {"strimzi.io/pool-name": "controllers"}
+        pools.append(
+            self._pool(
+                "controllers",
+                ns,
+                pool_labels,
+                {
+                    "replicas": args.controllers,
+                    "roles": ["controller"],
+                    "storage": {
+                        "type": "jbod",
+                        "volumes": [
+                            {
+                                "id": 0,
+                                "type": "persistent-claim",
+                                "size": "50Gi",
+                                "class": args.storage_class,
+                                "deleteClaim": False,
+                                "kraftMetadata": "shared",
+                            }
+                        ],
+                    },
+                    "resources": {
+                        "requests": {"cpu": "1", "memory": "4Gi"},
+                        "limits": {"cpu": "2", "memory": "4Gi"},
+                    },
+                    "template": {
+                        "pod": {
+                            "tolerations": _tolerations(),
+                            # One controller per zone: a zone loss leaves a Raft majority.
+                            "topologySpreadConstraints": [
+                                {
+                                    "maxSkew": 1,
+                                    "topologyKey": kx.ZONE_KEY,
+                                    "whenUnsatisfiable": "DoNotSchedule",
+                                    "labelSelector": {"matchLabels": controller_match},
+                                }
+                            ],
+                        }
+                    },
+                },
+                after_operator,
+            )
+        )
+        for zone in args.zones:
+            heap = f"{max(1, args.broker_memory_gi // 2)}g"  # the rest is page cache
+            pools.append(
+                self._pool(
+                    f"brokers-{zone}",
+                    ns,
+                    pool_labels,
+                    {
+                        "replicas": args.brokers_per_zone,
+                        "roles": ["broker"],
+                        "storage": {
+                            "type": "jbod",
+                            "volumes": [
+                                {
+                                    "id": 0,
+                                    "type": "persistent-claim",
+                                    "size": f"{args.broker_storage_gi}Gi",
+                                    "class": args.storage_class,
+                                    "deleteClaim": False,
+                                }
+                            ],
+                        },
+                        "resources": {
+                            "requests": {
+                                "cpu": args.broker_cpu,
+                                "memory": f"{args.broker_memory_gi}Gi",
+                            },
+                            "limits": {
+                                "cpu": args.broker_cpu,
+                                "memory": f"{args.broker_memory_gi}Gi",
+                            },
+                        },
+                        "jvmOptions": {"-Xms": heap, "-Xmx": heap},
+                        "template": {
+                            "pod": {"affinity": _zone_affinity(zone), "tolerations": _tolerations()}
+                        },
+                    },
+                    after_operator,
+                )
+            )
+        listeners: list[dict[str, Any]] = [
+            {"name": "plain", "port": 9092, "type": "internal", "tls": False},
+            {
+                "name": "tls",
+                "port": 9093,
+                "type": "internal",
+                "tls": True,
+                "authentication": {"type": "tls"},
+            },
+        ]
+        if args.peers:
+            # Peer regions' MirrorMaker 2 reach this cluster over an internal NLB (VPC peering).
+            listeners.append(
+                {
+                    "name": "peers",
+                    "port": 9094,
+                    "type": "loadbalancer",
+                    "tls": True,
+                    "authentication": {"type": "scram-sha-512"},
+                }
+            )
+        kafka = k8s.apiextensions.CustomResource(
+            f"{name}-cluster",
+            api_version=API,
+            kind="Kafka",
+            metadata=kx.meta(cluster, ns, {kx.TIER_LABEL: "datastore"}),
+            spec={
+                "kafka": {
+                    "version": args.version,
+                    "listeners": listeners,
+                    "rack": {"topologyKey": kx.ZONE_KEY},
+                    "config": {
+                        "default.replication.factor": args.replication_factor,
+                        "min.insync.replicas": args.min_insync_replicas,
+                        "offsets.topic.replication.factor": args.replication_factor,
+                        "transaction.state.log.replication.factor": args.replication_factor,
+                        "transaction.state.log.min.isr": args.min_insync_replicas,
+                        "unclean.leader.election.enable": False,
+                        "auto.create.topics.enable": False,
+                        # Consumers fetch from the replica in their own zone (no cross-AZ bytes).
+                        "replica.selector.class": RACK_AWARE_SELECTOR,
+                    },
+                    "template": {
+                        "externalBootstrapService": {"metadata": {"annotations": INTERNAL_LB}},
+                        "perPodService": {"metadata": {"annotations": INTERNAL_LB}},
+                    },
+                },
+                "entityOperator": {"topicOperator": {}, "userOperator": {}},
+            },
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, *pools]),
+        )
+        after_kafka = pulumi.ResourceOptions(parent=self, depends_on=[kafka])
+        for spec in topic_specs(args):
+            k8s.apiextensions.CustomResource(
+                f"topic-{spec.name}",
+                api_version=API,
+                kind="KafkaTopic",
+                metadata=kx.meta(spec.name, ns, {CLUSTER_LABEL: cluster}),
+                spec={
+                    "partitions": spec.partitions,
+                    "replicas": spec.replicas,
+                    "config": spec.config,
+                },
+                opts=after_kafka,
+            )
+        for peer in args.peers:
+            self._mirror(name, args, peer, after_kafka)
+        self.bootstrap_servers = f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:9092"
+        self.topics = [t.name for t in topic_specs(args)]
+        self.register_outputs({"bootstrap_servers": self.bootstrap_servers, "topics": self.topics})
+
+    def _pool(
+        self,
+        pool: str,
+        ns: str,
+        lbls: dict[str, str],
+        spec: dict[str, Any],
+        opts: pulumi.ResourceOptions,
+    ) -> k8s.apiextensions.CustomResource:
+        return k8s.apiextensions.CustomResource(
+            f"pool-{pool}",
+            api_version=API,
+            kind="KafkaNodePool",
+            metadata=kx.meta(pool, ns, lbls),
+            spec=spec,
+            opts=opts,
+        )
+
+    def _mirror(self, name: str, args: KafkaArgs, peer: Peer, opts: pulumi.ResourceOptions) -> None:
+        """Pull the peer region's events into `<peer>.likes.*` topics here.
+
+        DefaultReplicationPolicy (prefixed remote topics), not IdentityReplicationPolicy: with
+        identity names, two regions mirroring each other loop events forever, and the local
+        aggregator would count the peer's events into this region's cells a second time.
+        """
+        ns, cluster = args.namespace, args.cluster_name
+        user = f"mm2-{args.region}"
+        secret = f"kafka-peer-{peer.region}"  # created out of band: see infra/README.md
+        k8s.apiextensions.CustomResource(
+            f"{name}-mm2-{peer.region}",
+            api_version=API,
+            kind="KafkaMirrorMaker2",
+            metadata=kx.meta(f"mirror-{peer.region}", ns, {kx.TIER_LABEL: "datastore"}),
+            spec={
+                "version": args.version,
+                "replicas": args.mirror_maker_replicas,
+                "target": {
+                    "alias": args.region,
+                    "bootstrapServers": f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:9092",
+                    "groupId": f"mirror-{peer.region}",
+                    "configStorageTopic": f"mirror-{peer.region}-config",
+                    "offsetStorageTopic": f"mirror-{peer.region}-offsets",
+                    "statusStorageTopic": f"mirror-{peer.region}-status",
+                },
+                "mirrors": [
+                    {
+                        "source": {
+                            "alias": peer.region,
+                            "bootstrapServers": peer.kafka_bootstrap,
+                            "tls": {
+                                "trustedCertificates": [
+                                    {"secretName": secret, "certificate": "ca.crt"}
+                                ]
+                            },
+                            "authentication": {
+                                "type": "scram-sha-512",
+                                "username": user,
+                                "passwordSecret": {"secretName": secret, "password": "password"},
+                            },
+                        },
+                        "sourceConnector": {
+                            "tasksMax": 16,
+                            "config": {
+                                "replication.factor": args.replication_factor,
+                                "offset-syncs.topic.replication.factor": args.replication_factor,
+                                "sync.topic.acls.enabled": "false",
+                            },
+                        },
+                        "checkpointConnector": {
+                            "tasksMax": 1,
+                            "config": {
+                                "checkpoints.topic.replication.factor": args.replication_factor
+                            },
+                        },
+                        # Only the peer's own topics: never its mirrors of a third region.
+                        "topicsPattern": r"likes\.(committed|voided|unvoided)",
+                        "groupsPattern": "^$",
+                    }
+                ],
+                "resources": {
+                    "requests": {"cpu": "1", "memory": "2Gi"},
+                    "limits": {"cpu": "2", "memory": "2Gi"},
+                },
+            },
+            opts=opts,
+        )
+        # The user the peer region's MirrorMaker 2 authenticates as when it pulls from here.
+        k8s.apiextensions.CustomResource(
+            f"{name}-user-mm2-{peer.region}",
+            api_version=API,
+            kind="KafkaUser",
+            metadata=kx.meta(f"mm2-{peer.region}", ns, {CLUSTER_LABEL: cluster}),
+            spec={"authentication": {"type": "scram-sha-512"}},
+            opts=opts,
+        )

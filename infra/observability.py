@@ -1,0 +1,493 @@
+"""Observability: OpenTelemetry Collector in two tiers (a load-balancing tier that routes every
+span of a trace to one sampler, and the tail-sampling tier with a disk buffer; its config comes
+from infra/otel_config), Tempo, Prometheus remote-writing to Mimir with the generated alert rules,
+and Alertmanager paging through PagerDuty."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from infra import alert_rules, otel_config
+from infra import k8s as kx
+
+OTLP_GRPC = 4317
+OTLP_HTTP = 4318
+BUFFER_DIR = "/var/lib/otelcol/buffer"
+PAGERDUTY_SECRET = "alertmanager-pagerduty"
+COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.140.0"
+
+
+@dataclass(frozen=True)
+class ObservabilityArgs:
+    namespace: str
+    cluster_name: str
+    region: str
+    mimir_remote_write_url: str
+    prometheus_retention: str
+    prometheus_storage_gi: int
+    tempo_storage_gi: int
+    collector_replicas: int
+    latency_threshold_ms: int
+    healthy_percent: float
+    pagerduty_routing_key: pulumi.Input[str] | None
+    scrape_namespaces: Sequence[str]
+    storage_class: str = "gp3"
+
+
+def loadbalancer_config(sampler_service: str) -> dict[str, Any]:
+    """The first tier: spans in, routed by trace id to one sampler pod (tail sampling needs
+    every span of a trace in the same collector)."""
+    return {
+        "receivers": {
+            "otlp": {
+                "protocols": {
+                    "grpc": {"endpoint": f"0.0.0.0:{OTLP_GRPC}"},
+                    "http": {"endpoint": f"0.0.0.0:{OTLP_HTTP}"},
+                }
+            }
+        },
+        "exporters": {
+            "loadbalancing": {
+                "routing_key": "traceID",
+                "protocol": {"otlp": {"tls": {"insecure": True}}},
+                "resolver": {"k8s": {"service": sampler_service, "ports": [OTLP_GRPC]}},
+            }
+        },
+        "extensions": {"health_check": {"endpoint": "0.0.0.0:13133"}},
+        "service": {
+            "extensions": ["health_check"],
+            "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["loadbalancing"]}},
+        },
+    }
+
+
+def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, Any]:
+    pod_sd = [
+        {"role": "pod", "namespaces": {"names": list(args.scrape_namespaces)}},
+    ]
+    return {
+        "global": {
+            "scrape_interval": "15s",
+            "evaluation_interval": "15s",
+            "external_labels": {"cluster": args.cluster_name, "region": args.region},
+        },
+        "rule_files": ["/etc/prometheus/rules/*.yml"],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [
+            {
+                # Pods opt in with prometheus.io/scrape: "true" (and /port, /path).
+                "job_name": "pods",
+                "kubernetes_sd_configs": pod_sd,
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                        "regex": "true",
+                        "action": "keep",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"],
+                        "regex": "(.+)",
+                        "target_label": "__metrics_path__",
+                    },
+                    {
+                        "source_labels": [
+                            "__address__",
+                            "__meta_kubernetes_pod_annotation_prometheus_io_port",
+                        ],
+                        "regex": "([^:]+)(?::\\d+)?;(\\d+)",
+                        "replacement": "$1:$2",
+                        "target_label": "__address__",
+                    },
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                        "target_label": "service",
+                    },
+                ],
+            }
+        ],
+        "remote_write": [
+            {
+                "url": args.mimir_remote_write_url,
+                "queue_config": {"max_samples_per_send": 2000, "capacity": 10000},
+            }
+        ],
+    }
+
+
+def alertmanager_config(has_pager: bool) -> dict[str, Any]:
+    receivers: list[dict[str, Any]] = [{"name": "null"}]
+    route: dict[str, Any] = {
+        "receiver": "null",
+        "group_by": ["alertname", "slo"],
+        "group_wait": "30s",
+        "group_interval": "5m",
+        "repeat_interval": "4h",
+        "routes": [],
+    }
+    if has_pager:
+        receivers.append(
+            {
+                "name": "pagerduty",
+                # Read from the mounted Secret: the key never sits in this ConfigMap.
+                "pagerduty_configs": [
+                    {"routing_key_file": "/etc/alertmanager/pagerduty/routing-key"}
+                ],
+            }
+        )
+        route["routes"].append({"receiver": "pagerduty", "matchers": ['severity="page"']})
+    return {"route": route, "receivers": receivers}
+
+
+class Observability(pulumi.ComponentResource):
+    otlp_endpoint: str
+    prometheus_url: str
+
+    def __init__(
+        self, name: str, args: ObservabilityArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("likes:infra:Observability", name, None, opts)
+        self._args = args
+        ns = args.namespace
+        svc = f"{ns}.svc.cluster.local"
+        tempo_endpoint = f"tempo.{svc}:{OTLP_GRPC}"
+        sampler = otel_config.collector_config(
+            tempo_endpoint=tempo_endpoint,
+            error_sampling=True,
+            latency_threshold_ms=args.latency_threshold_ms,
+            healthy_percent=args.healthy_percent,
+            buffer_dir=BUFFER_DIR,
+        )
+        self._stateful(
+            "otel-sampler",
+            image=COLLECTOR_IMAGE,
+            args_=["--config=/etc/otelcol/config.yaml"],
+            files={"config.yaml": yaml.safe_dump(sampler, sort_keys=False)},
+            config_path="/etc/otelcol",
+            ports={"otlp-grpc": OTLP_GRPC},
+            probe=kx.tcp_probe(OTLP_GRPC),
+            replicas=args.collector_replicas,
+            storage=("buffer", BUFFER_DIR, 20),
+            resources=kx.resources("1", "2Gi", cpu_limit="2"),
+            uid=10001,
+        )
+        self._deployment(
+            "otel-collector",
+            image=COLLECTOR_IMAGE,
+            args_=["--config=/etc/otelcol/config.yaml"],
+            files={
+                "config.yaml": yaml.safe_dump(
+                    loadbalancer_config(f"otel-sampler.{ns}"), sort_keys=False
+                )
+            },
+            ports={"otlp-grpc": OTLP_GRPC, "otlp-http": OTLP_HTTP},
+            replicas=args.collector_replicas,
+            service_account_rbac=True,  # the k8s resolver watches the sampler's endpoints
+        )
+        self._stateful(
+            "tempo",
+            image="grafana/tempo:2.9.0",
+            args_=["-config.file=/etc/tempo/tempo.yaml"],
+            files={"tempo.yaml": yaml.safe_dump(_tempo_config(), sort_keys=False)},
+            config_path="/etc/tempo",
+            ports={"otlp-grpc": OTLP_GRPC, "http": 3200},
+            probe=kx.http_probe("/ready", 3200, delay=15),
+            replicas=1,
+            storage=("data", "/var/tempo", args.tempo_storage_gi),
+            resources=kx.resources("1", "4Gi", cpu_limit="2"),
+            uid=10001,
+        )
+        rules = alert_rules.render(alert_rules.rule_groups(alert_rules.default_slos()))
+        k8s.core.v1.ConfigMap(
+            "prometheus-rules",
+            metadata=kx.meta(
+                "prometheus-rules", ns, kx.labels("prometheus", "rules", "observability")
+            ),
+            data={"likes.rules.yml": rules},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self._stateful(
+            "prometheus",
+            image="prom/prometheus:v3.7.3",
+            args_=[
+                "--config.file=/etc/prometheus/prometheus.yml",
+                "--storage.tsdb.path=/prometheus",
+                f"--storage.tsdb.retention.time={args.prometheus_retention}",
+                "--web.enable-lifecycle",
+            ],
+            files={
+                "prometheus.yml": yaml.safe_dump(
+                    prometheus_config(args, f"alertmanager.{svc}:9093"), sort_keys=False
+                )
+            },
+            config_path="/etc/prometheus",
+            ports={"http": 9090},
+            probe=kx.http_probe("/-/ready", 9090, delay=10),
+            liveness=kx.http_probe("/-/healthy", 9090, delay=30),
+            replicas=2,
+            storage=("data", "/prometheus", args.prometheus_storage_gi),
+            resources=kx.resources("2", "8Gi", cpu_limit="4"),
+            uid=65534,
+            extra_mounts=[("rules", "prometheus-rules", "/etc/prometheus/rules")],
+            service_account_rbac=True,
+        )
+        has_pager = args.pagerduty_routing_key is not None
+        extra: list[tuple[str, str, str]] = []
+        if args.pagerduty_routing_key is not None:
+            k8s.core.v1.Secret(
+                PAGERDUTY_SECRET,
+                metadata=kx.meta(
+                    PAGERDUTY_SECRET, ns, kx.labels("alertmanager", "paging", "observability")
+                ),
+                string_data={"routing-key": args.pagerduty_routing_key},
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            extra.append(("pagerduty", f"secret:{PAGERDUTY_SECRET}", "/etc/alertmanager/pagerduty"))
+        self._stateful(
+            "alertmanager",
+            image="prom/alertmanager:v0.29.0",
+            args_=[
+                "--config.file=/etc/alertmanager/alertmanager.yml",
+                "--storage.path=/alertmanager",
+                "--cluster.listen-address=0.0.0.0:9094",
+                *[f"--cluster.peer=alertmanager-{i}.alertmanager.{svc}:9094" for i in range(3)],
+            ],
+            files={
+                "alertmanager.yml": yaml.safe_dump(alertmanager_config(has_pager), sort_keys=False)
+            },
+            config_path="/etc/alertmanager",
+            ports={"http": 9093, "cluster": 9094},
+            probe=kx.http_probe("/-/ready", 9093),
+            liveness=kx.http_probe("/-/healthy", 9093, delay=10),
+            replicas=3,
+            storage=("data", "/alertmanager", 2),
+            resources=kx.resources("100m", "256Mi", cpu_limit="500m"),
+            uid=65534,
+            extra_mounts=extra,
+        )
+        self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_GRPC}"
+        self.prometheus_url = f"http://prometheus.{svc}:9090"
+        self.register_outputs(
+            {"otlp_endpoint": self.otlp_endpoint, "prometheus_url": self.prometheus_url}
+        )
+
+    def _rbac(
+        self, app: str, lbls: dict[str, str], rules: list[k8s.rbac.v1.PolicyRuleArgs]
+    ) -> None:
+        ns = self._args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        k8s.core.v1.ServiceAccount(app, metadata=kx.meta(app, ns, lbls), opts=child)
+        role_name = f"likes-{app}"
+        k8s.rbac.v1.ClusterRole(
+            role_name, metadata=kx.meta(role_name, None, lbls), rules=rules, opts=child
+        )
+        k8s.rbac.v1.ClusterRoleBinding(
+            role_name,
+            metadata=kx.meta(role_name, None, lbls),
+            role_ref=k8s.rbac.v1.RoleRefArgs(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role_name
+            ),
+            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=app, namespace=ns)],
+            opts=child,
+        )
+
+    def _config(self, app: str, lbls: dict[str, str], files: dict[str, str]) -> None:
+        k8s.core.v1.ConfigMap(
+            f"{app}-config",
+            metadata=kx.meta(f"{app}-config", self._args.namespace, lbls),
+            data=files,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _volumes(
+        self, extra_mounts: Sequence[tuple[str, str, str]]
+    ) -> tuple[list[kx.core.VolumeArgs], list[kx.core.VolumeMountArgs]]:
+        volumes, mounts = [], []
+        for vname, source, path in extra_mounts:
+            if source.startswith("secret:"):
+                volumes.append(
+                    kx.core.VolumeArgs(
+                        name=vname,
+                        secret=kx.core.SecretVolumeSourceArgs(
+                            secret_name=source.removeprefix("secret:")
+                        ),
+                    )
+                )
+            else:
+                volumes.append(kx.config_volume(vname, source))
+            mounts.append(kx.mount(vname, path, read_only=True))
+        return volumes, mounts
+
+    def _stateful(
+        self,
+        app: str,
+        *,
+        image: str,
+        args_: list[str],
+        files: dict[str, str],
+        config_path: str,
+        ports: dict[str, int],
+        probe: kx.core.ProbeArgs,
+        replicas: int,
+        storage: tuple[str, str, int],
+        resources: kx.core.ResourceRequirementsArgs,
+        uid: int,
+        liveness: kx.core.ProbeArgs | None = None,
+        extra_mounts: Sequence[tuple[str, str, str]] = (),
+        service_account_rbac: bool = False,
+    ) -> None:
+        ns = self._args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        lbls = kx.labels(app, app, "observability")
+        match = kx.selector(app)
+        self._config(app, lbls, files)
+        if service_account_rbac:
+            self._rbac(app, lbls, _discovery_rules())
+        else:
+            kx.service_account(app, ns, lbls, child)
+        kx.headless_service(app, ns, lbls, match, ports, child)
+        volumes, mounts = self._volumes(extra_mounts)
+        volumes.append(kx.config_volume("config", f"{app}-config"))
+        vol_name, vol_path, size = storage
+        container = kx.core.ContainerArgs(
+            name=app,
+            image=image,
+            args=args_,
+            ports=[kx.core.ContainerPortArgs(name=n, container_port=p) for n, p in ports.items()],
+            resources=resources,
+            liveness_probe=liveness or probe,
+            readiness_probe=probe,
+            security_context=kx.security(uid=uid),
+            volume_mounts=[
+                kx.mount("config", config_path, read_only=True),
+                kx.mount(vol_name, vol_path),
+                *mounts,
+            ],
+        )
+        sts = k8s.apps.v1.StatefulSet(
+            app,
+            metadata=kx.meta(app, ns, lbls),
+            spec=k8s.apps.v1.StatefulSetSpecArgs(
+                replicas=replicas,
+                service_name=app,
+                pod_management_policy="Parallel",
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name=app,
+                        automount_service_account_token=service_account_rbac,
+                        security_context=kx.pod_security(uid=uid),
+                        node_selector=kx.node_selector("system"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[container],
+                        volumes=volumes,
+                    ),
+                ),
+                volume_claim_templates=[kx.pvc_template(vol_name, size, self._args.storage_class)],
+            ),
+            opts=child,
+        )
+        kx.pdb(
+            app,
+            ns,
+            match,
+            lbls,
+            pulumi.ResourceOptions(parent=self, depends_on=[sts]),
+            max_unavailable=1,
+        )
+
+    def _deployment(
+        self,
+        app: str,
+        *,
+        image: str,
+        args_: list[str],
+        files: dict[str, str],
+        ports: dict[str, int],
+        replicas: int,
+        service_account_rbac: bool,
+    ) -> None:
+        ns = self._args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        lbls = kx.labels(app, app, "observability")
+        match = kx.selector(app)
+        self._config(app, lbls, files)
+        if service_account_rbac:
+            self._rbac(app, lbls, _discovery_rules())
+        kx.headless_service(app, ns, lbls, match, ports, child, headless=False)
+        k8s.apps.v1.Deployment(
+            app,
+            metadata=kx.meta(app, ns, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=replicas,
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name=app,
+                        security_context=kx.pod_security(uid=10001),
+                        node_selector=kx.node_selector("system"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[
+                            kx.core.ContainerArgs(
+                                name=app,
+                                image=image,
+                                args=args_,
+                                ports=[
+                                    kx.core.ContainerPortArgs(name=n, container_port=p)
+                                    for n, p in ports.items()
+                                ],
+                                resources=kx.resources("500m", "1Gi", cpu_limit="2"),
+                                liveness_probe=kx.http_probe("/", 13133),
+                                readiness_probe=kx.http_probe("/", 13133),
+                                security_context=kx.security(uid=10001),
+                                volume_mounts=[kx.mount("config", "/etc/otelcol", read_only=True)],
+                            )
+                        ],
+                        volumes=[kx.config_volume("config", f"{app}-config")],
+                    ),
+                ),
+            ),
+            opts=child,
+        )
+        kx.pdb(app, ns, match, lbls, child, max_unavailable=1)
+
+
+def _discovery_rules() -> list[k8s.rbac.v1.PolicyRuleArgs]:
+    return [
+        k8s.rbac.v1.PolicyRuleArgs(
+            api_groups=[""],
+            resources=["pods", "services", "endpoints", "nodes"],
+            verbs=["get", "list", "watch"],
+        ),
+        k8s.rbac.v1.PolicyRuleArgs(
+            api_groups=["discovery.k8s.io"],
+            resources=["endpointslices"],
+            verbs=["get", "list", "watch"],
+        ),
+    ]
+
+
+def _tempo_config() -> dict[str, Any]:
+    return {
+        "server": {"http_listen_port": 3200},
+        "distributor": {
+            "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"0.0.0.0:{OTLP_GRPC}"}}}}
+        },
+        "storage": {
+            "trace": {
+                "backend": "local",
+                "local": {"path": "/var/tempo/traces"},
+                "wal": {"path": "/var/tempo/wal"},
+            }
+        },
+        "compactor": {"compaction": {"block_retention": "168h"}},
+    }

@@ -1,0 +1,299 @@
+"""Redis: the count-cache cluster, the hot pools the operator replicates hot counts into, and the
+AOF-persisted idem-store cluster. On-cluster rather than ElastiCache: see infra/README.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import k8s as kx
+
+PORT = 6379
+BUS_PORT = 16379
+REDIS_UID = 999  # the official image's redis user
+AUTH_SECRET = "redis-auth"
+
+
+@dataclass(frozen=True)
+class RedisArgs:
+    namespace: str
+    version: str
+    password: pulumi.Input[str]
+    count_cache_shards: int
+    replicas_per_shard: int
+    count_cache_memory_gi: int
+    hot_pools: int
+    hot_pool_replicas: int
+    idem_store_shards: int
+    idem_store_memory_gi: int
+    idem_store_storage_gi: int
+    storage_class: str = "gp3"
+
+
+def redis_conf(*, cluster: bool, memory_gi: int, policy: str, aof: bool) -> str:
+    """redis.conf for one role. maxmemory leaves 20% headroom for fork/COW and buffers."""
+    lines = [
+        f"port {PORT}",
+        "bind 0.0.0.0",
+        "protected-mode yes",
+        "dir /data",
+        f"maxmemory {int(memory_gi * 0.8 * 1024)}mb",
+        f"maxmemory-policy {policy}",
+        "tcp-keepalive 60",
+    ]
+    if cluster:
+        lines += [
+            "cluster-enabled yes",
+            "cluster-config-file /data/nodes.conf",
+            "cluster-node-timeout 5000",
+            # Announce stable DNS names: pod IPs change on every restart.
+            "cluster-preferred-endpoint-type hostname",
+            "cluster-require-full-coverage no",
+        ]
+    if aof:
+        # Every ack'd idempotency key survives a restart; at most ~1 s lost on a node crash.
+        lines += ["appendonly yes", "appendfsync everysec", 'save ""', "aof-use-rdb-preamble yes"]
+    else:
+        lines += ["appendonly no", 'save ""']
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class _Role:
+    name: str
+    component: str
+    replicas: int
+    memory_gi: int
+    conf: str
+    cluster: bool
+    storage_gi: int
+    max_unavailable: int
+
+
+class Redis(pulumi.ComponentResource):
+    count_cache_seeds: str
+    idem_store_seeds: str
+    hot_pool_endpoints: list[str]
+
+    def __init__(
+        self, name: str, args: RedisArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("likes:infra:Redis", name, None, opts)
+        self._ns = args.namespace
+        self._args = args
+        secret = k8s.core.v1.Secret(
+            f"{name}-auth",
+            metadata=kx.meta(AUTH_SECRET, args.namespace, kx.labels("redis", "auth", "datastore")),
+            type="Opaque",
+            string_data={"password": args.password},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        roles = [
+            _Role(
+                "count-cache",
+                "count-cache",
+                args.count_cache_shards * (1 + args.replicas_per_shard),
+                args.count_cache_memory_gi,
+                # A cache rebuilt from the counter-store: evict rather than refuse writes.
+                redis_conf(
+                    cluster=True,
+                    memory_gi=args.count_cache_memory_gi,
+                    policy="allkeys-lru",
+                    aof=False,
+                ),
+                cluster=True,
+                storage_gi=1,  # nodes.conf only: a node must keep its cluster identity
+                max_unavailable=1,
+            ),
+            _Role(
+                "idem-store",
+                "idem-store",
+                args.idem_store_shards * 2,
+                args.idem_store_memory_gi,
+                # Never evict a dedup key: a full store must refuse writes (fail closed).
+                redis_conf(
+                    cluster=True, memory_gi=args.idem_store_memory_gi, policy="noeviction", aof=True
+                ),
+                cluster=True,
+                storage_gi=args.idem_store_storage_gi,
+                max_unavailable=1,
+            ),
+        ]
+        roles += [
+            _Role(
+                f"hot-pool-{i}",
+                "hot-pool",
+                args.hot_pool_replicas,
+                max(1, args.count_cache_memory_gi // 4),
+                redis_conf(
+                    cluster=False,
+                    memory_gi=max(1, args.count_cache_memory_gi // 4),
+                    policy="allkeys-lru",
+                    aof=False,
+                ),
+                cluster=False,
+                storage_gi=0,
+                max_unavailable=1,
+            )
+            for i in range(args.hot_pools)
+        ]
+        for role in roles:
+            self._role(role, secret)
+        suffix = f"{args.namespace}.svc.cluster.local:{PORT}"
+        self.count_cache_seeds = f"count-cache.{suffix}"
+        self.idem_store_seeds = f"idem-store.{suffix}"
+        self.hot_pool_endpoints = [f"hot-pool-{i}.{suffix}" for i in range(args.hot_pools)]
+        self.register_outputs(
+            {
+                "count_cache_seeds": self.count_cache_seeds,
+                "idem_store_seeds": self.idem_store_seeds,
+                "hot_pool_endpoints": self.hot_pool_endpoints,
+            }
+        )
+
+    def _role(self, role: _Role, secret: k8s.core.v1.Secret) -> None:
+        ns = self._ns
+        child = pulumi.ResourceOptions(parent=self)
+        lbls = {
+            **kx.labels(role.name, role.component, "datastore"),
+            "likes.io/redis-role": role.component,
+        }
+        match = kx.selector(role.name)
+        config_map = k8s.core.v1.ConfigMap(
+            f"{role.name}-conf",
+            metadata=kx.meta(f"{role.name}-conf", ns, lbls),
+            data={"redis.conf": role.conf},
+            opts=child,
+        )
+        ports = {"redis": PORT, "bus": BUS_PORT} if role.cluster else {"redis": PORT}
+        kx.headless_service(role.name, ns, lbls, match, ports, child, publish_not_ready=True)
+        kx.service_account(role.name, ns, lbls, child)
+        host = f"$(POD_NAME).{role.name}.{ns}.svc.cluster.local"
+        command = ["redis-server", "/etc/redis/redis.conf", "--requirepass", "$(REDIS_PASSWORD)"]
+        if role.cluster:
+            command += ["--masterauth", "$(REDIS_PASSWORD)", "--cluster-announce-hostname", host]
+        ping = ["sh", "-c", "redis-cli -p 6379 ping | grep -q PONG"]
+        env = [
+            kx.core.EnvVarArgs(
+                name="POD_NAME",
+                value_from=kx.core.EnvVarSourceArgs(
+                    field_ref=kx.core.ObjectFieldSelectorArgs(field_path="metadata.name")
+                ),
+            ),
+            kx.secret_env("REDIS_PASSWORD", AUTH_SECRET, "password"),
+            # redis-cli reads REDISCLI_AUTH, so probes never put the password on a command line.
+            kx.secret_env("REDISCLI_AUTH", AUTH_SECRET, "password"),
+        ]
+        memory = f"{role.memory_gi}Gi"
+        container = kx.core.ContainerArgs(
+            name="redis",
+            image=f"redis:{self._args.version}",
+            command=command,
+            env=env,
+            ports=[kx.core.ContainerPortArgs(name=n, container_port=p) for n, p in ports.items()],
+            resources=kx.resources("1", memory, cpu_limit="2"),
+            liveness_probe=kx.exec_probe(ping, delay=10),
+            readiness_probe=kx.exec_probe(ping),
+            security_context=kx.security(uid=REDIS_UID),
+            volume_mounts=[
+                kx.mount("conf", "/etc/redis", read_only=True),
+                kx.mount("data", "/data"),
+            ],
+        )
+        volumes = [kx.config_volume("conf", f"{role.name}-conf")]
+        if role.storage_gi == 0:
+            volumes.append(kx.empty_dir("data", "1Gi"))
+        sts = k8s.apps.v1.StatefulSet(
+            role.name,
+            metadata=kx.meta(role.name, ns, lbls),
+            spec=k8s.apps.v1.StatefulSetSpecArgs(
+                replicas=role.replicas,
+                service_name=role.name,
+                pod_management_policy="Parallel",
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(
+                        labels=lbls,
+                        # Roll pods when the config changes (a ConfigMap edit alone does not).
+                        annotations={"likes.io/config-sha": _sha(role.conf)},
+                    ),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name=role.name,
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(uid=REDIS_UID),
+                        node_selector=kx.node_selector("redis"),
+                        tolerations=kx.tolerations("redis"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[container],
+                        volumes=volumes,
+                    ),
+                ),
+                volume_claim_templates=[
+                    kx.pvc_template("data", role.storage_gi, self._args.storage_class)
+                ]
+                if role.storage_gi
+                else None,
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[secret, config_map]),
+        )
+        kx.pdb(
+            role.name,
+            ns,
+            match,
+            lbls,
+            pulumi.ResourceOptions(parent=self, depends_on=[sts]),
+            max_unavailable=role.max_unavailable,
+        )
+        if role.cluster:
+            self._cluster_job(role, lbls, sts)
+
+    def _cluster_job(self, role: _Role, lbls: dict[str, str], sts: pulumi.Resource) -> None:
+        """Form the Redis Cluster once; a rerun sees `cluster_state:ok` and does nothing."""
+        ns = self._ns
+        hosts = " ".join(
+            f"{role.name}-{i}.{role.name}.{ns}.svc.cluster.local:{PORT}"
+            for i in range(role.replicas)
+        )
+        first = f"{role.name}-0.{role.name}.{ns}.svc.cluster.local"
+        script = (
+            f"until redis-cli -h {first} ping | grep -q PONG; do sleep 2; done; "
+            f"if redis-cli -h {first} cluster info | grep -q cluster_state:ok; then exit 0; fi; "
+            f"redis-cli --cluster create {hosts} --cluster-replicas 1 --cluster-yes"
+        )
+        k8s.batch.v1.Job(
+            f"{role.name}-create",
+            metadata=kx.meta(f"{role.name}-create", ns, {**lbls, "likes.io/tier": "job"}),
+            spec=k8s.batch.v1.JobSpecArgs(
+                backoff_limit=10,
+                ttl_seconds_after_finished=3600,
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(
+                        labels={"app.kubernetes.io/name": f"{role.name}-create"}
+                    ),
+                    spec=kx.core.PodSpecArgs(
+                        restart_policy="OnFailure",
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(uid=REDIS_UID),
+                        containers=[
+                            kx.core.ContainerArgs(
+                                name="create",
+                                image=f"redis:{self._args.version}",
+                                command=["sh", "-c", script],
+                                env=[kx.secret_env("REDISCLI_AUTH", AUTH_SECRET, "password")],
+                                resources=kx.resources("100m", "128Mi"),
+                                security_context=kx.security(uid=REDIS_UID),
+                            )
+                        ],
+                    ),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[sts]),
+        )
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

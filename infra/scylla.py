@@ -1,0 +1,198 @@
+"""Scylla through the Scylla Operator: one data centre per region with a rack per zone, and a
+migration Job that applies the repository's CQL (services/schema/cql) with NetworkTopologyStrategy
+RF 3 in this region's data centre (and the peers' it is told to replicate to)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import k8s as kx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CQL_DIR = REPO_ROOT / "services" / "schema" / "cql"
+CQL_MOUNT = "/schema/cql"
+
+# Runs inside the services image (the repository is installed there): the one applier the
+# local stack uses too, so production applies exactly the statements the tests ran.
+MIGRATE = f"""\
+import json, os, pathlib
+from cassandra.cluster import Cluster
+from cassandra.policies import DCAwareRoundRobinPolicy
+from services.schema import cql_apply
+cluster = Cluster(
+    os.environ["CQL_CONTACT_POINTS"].split(","),
+    load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=os.environ["CQL_LOCAL_DC"]),
+)
+session = cluster.connect()
+replication = json.loads(os.environ["CQL_REPLICATION"])
+done = cql_apply.apply(session, replication, pathlib.Path("{CQL_MOUNT}"))
+print(f"applied {{len(done)}} statements")
+cluster.shutdown()
+"""
+
+
+@dataclass(frozen=True)
+class ScyllaArgs:
+    namespace: str
+    datacenter: str
+    zones: tuple[str, ...]
+    version: str
+    members_per_rack: int
+    storage_gi: int
+    cpu: str
+    memory_gi: int
+    replication_factor: int
+    peer_datacenters: Sequence[str]
+    external_seeds: Sequence[str]
+    migration_image: str
+    cluster_name: str = "likes"
+    storage_class: str = "gp3"
+    cql_dir: Path = CQL_DIR
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+def replication(args: ScyllaArgs) -> dict[str, int]:
+    """RF per data centre: this region's and every peer region's (each is one DC)."""
+    dcs = [args.datacenter, *args.peer_datacenters]
+    return {dc: args.replication_factor for dc in dcs}
+
+
+def cql_files(directory: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(directory.glob("*.cql"))}
+
+
+class Scylla(pulumi.ComponentResource):
+    contact_points: str
+    datacenter: str
+
+    def __init__(
+        self, name: str, args: ScyllaArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("likes:infra:Scylla", name, None, opts)
+        ns, cluster = args.namespace, args.cluster_name
+        memory = f"{args.memory_gi}Gi"
+        racks = [
+            {
+                "name": zone,
+                "members": args.members_per_rack,
+                "storage": {
+                    "capacity": f"{args.storage_gi}Gi",
+                    "storageClassName": args.storage_class,
+                },
+                # Scylla wants guaranteed QoS (requests == limits) to pin its shards to cores.
+                "resources": {
+                    "requests": {"cpu": args.cpu, "memory": memory},
+                    "limits": {"cpu": args.cpu, "memory": memory},
+                },
+                "placement": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": kx.ZONE_KEY, "operator": "In", "values": [zone]}
+                                    ]
+                                }
+                            ]
+                        }
+                    },
+                    "tolerations": [
+                        {
+                            "key": kx.WORKLOAD_LABEL,
+                            "operator": "Equal",
+                            "value": "scylla",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                },
+            }
+            for zone in args.zones
+        ]
+        spec: dict[str, object] = {
+            "version": args.version,
+            "repository": "docker.io/scylladb/scylla",
+            "automaticOrphanedNodeCleanup": True,
+            "datacenter": {"name": args.datacenter, "racks": racks},
+        }
+        if args.external_seeds:
+            # Joins the peer regions' data centres into one cluster (multi-DC).
+            spec["externalSeeds"] = list(args.external_seeds)
+        scylla = k8s.apiextensions.CustomResource(
+            f"{name}-cluster",
+            api_version="scylla.scylladb.com/v1",
+            kind="ScyllaCluster",
+            metadata=kx.meta(cluster, ns, {kx.TIER_LABEL: "datastore"}),
+            spec=spec,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
+        )
+        lbls = kx.labels("schema-migration", "schema-migration", "job")
+        files = cql_files(args.cql_dir)
+        if not files:
+            raise ValueError(f"no CQL files in {args.cql_dir}")
+        cql = k8s.core.v1.ConfigMap(
+            f"{name}-cql",
+            metadata=kx.meta("scylla-cql", ns, lbls),
+            data=files,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.contact_points = f"{cluster}-client.{ns}.svc.cluster.local"
+        self.datacenter = args.datacenter
+        rf = replication(args)
+        # The Job's name carries a hash of the CQL: a schema change runs a new Job (Jobs are
+        # immutable), an unchanged schema keeps the finished one.
+        digest = _digest(files, rf)
+        k8s.batch.v1.Job(
+            f"{name}-migrate",
+            metadata=kx.meta(f"scylla-migrate-{digest}", ns, lbls),
+            spec=k8s.batch.v1.JobSpecArgs(
+                backoff_limit=20,
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.core.PodSpecArgs(
+                        restart_policy="OnFailure",
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(),
+                        containers=[
+                            kx.core.ContainerArgs(
+                                name="migrate",
+                                image=args.migration_image,
+                                command=["python", "-c", MIGRATE],
+                                env=kx.env(
+                                    {
+                                        "CQL_CONTACT_POINTS": self.contact_points,
+                                        "CQL_LOCAL_DC": args.datacenter,
+                                        "CQL_REPLICATION": json.dumps(rf, sort_keys=True),
+                                        "PYTHONDONTWRITEBYTECODE": "1",
+                                    }
+                                ),
+                                resources=kx.resources("250m", "256Mi"),
+                                security_context=kx.security(),
+                                volume_mounts=[kx.mount("cql", CQL_MOUNT, read_only=True)],
+                            )
+                        ],
+                        volumes=[kx.config_volume("cql", "scylla-cql")],
+                    ),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[scylla, cql]),
+        )
+        self.register_outputs(
+            {
+                "contact_points": self.contact_points,
+                "datacenter": self.datacenter,
+                "replication": rf,
+            }
+        )
+
+
+def _digest(files: dict[str, str], rf: dict[str, int]) -> str:
+    import hashlib
+
+    h = hashlib.sha256(json.dumps([files, rf], sort_keys=True).encode())
+    return h.hexdigest()[:10]

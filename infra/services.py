@@ -1,0 +1,256 @@
+"""Our services (write, read, hot-key sampler, outbox relay, aggregator, abuse scorer): Deployments,
+Services, HPAs, PDBs, ServiceAccounts, and the NetworkPolicies that decide who reaches what."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import k8s as kx
+from infra.config import ServiceScale
+
+HTTP_PORT = 8080
+METRICS_PORT = 9100
+AUTH_SECRET = "redis-auth"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str  # also the Deployment/Service name and app label
+    command: tuple[str, ...]  # inside the services image
+    http: bool  # serves HTTP behind the gateway (else a Kafka worker)
+    scale: ServiceScale
+
+
+@dataclass(frozen=True)
+class ServicesArgs:
+    namespace: str
+    edge_namespace: str
+    data_namespace: str
+    observability_namespace: str
+    operators_namespace: str
+    image: str
+    services: Sequence[ServiceSpec]
+    environment: Mapping[str, str]  # endpoints every service reads (no secrets)
+    redis_password: pulumi.Input[str]
+
+
+def service_specs(scales: Mapping[str, ServiceScale]) -> list[ServiceSpec]:
+    def asgi(module: str) -> tuple[str, ...]:
+        return ("uvicorn", "--factory", f"{module}:create_app", "--host", "0.0.0.0",
+                "--port", str(HTTP_PORT))  # fmt: skip
+
+    def worker(module: str) -> tuple[str, ...]:
+        return ("python", "-m", module, "--port", str(METRICS_PORT))
+
+    # The sampler and the abuse scorer are not written yet: their module names are placeholders.
+    entry = {
+        "write-svc": (asgi("services.write.main"), True, "write"),
+        "read-svc": (asgi("services.read.main"), True, "read"),
+        "hotkey-sampler": (asgi("services.hotkey_sampler.main"), True, "hotkey_sampler"),
+        "outbox-relay": (worker("services.relay"), False, "outbox_relay"),
+        "aggregator": (worker("services.aggregator"), False, "aggregator"),
+        "abuse-scorer": (worker("services.abuse"), False, "abuse_scorer"),
+    }
+    return [ServiceSpec(n, c, h, scales[key]) for n, (c, h, key) in entry.items()]
+
+
+def _ns_selector(ns: str) -> k8s.meta.v1.LabelSelectorArgs:
+    return k8s.meta.v1.LabelSelectorArgs(match_labels={"kubernetes.io/metadata.name": ns})
+
+
+class Services(pulumi.ComponentResource):
+    upstreams: dict[str, str]
+
+    def __init__(
+        self, name: str, args: ServicesArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("likes:infra:Services", name, None, opts)
+        ns = args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        # Secrets do not cross namespaces: the services get their own copy of the Redis password.
+        k8s.core.v1.Secret(
+            f"{name}-redis-auth",
+            metadata=kx.meta(AUTH_SECRET, ns, kx.labels("likes", "redis-auth", "app")),
+            type="Opaque",
+            string_data={"password": args.redis_password},
+            opts=child,
+        )
+        self.upstreams = {}
+        for spec in args.services:
+            self._service(spec, args)
+            if spec.http:
+                self.upstreams[spec.name] = f"{spec.name}.{ns}.svc.cluster.local:{HTTP_PORT}"
+        self._network_policies(args)
+        self.register_outputs({"upstreams": self.upstreams})
+
+    def _service(self, spec: ServiceSpec, args: ServicesArgs) -> None:
+        ns = args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        lbls = kx.labels(spec.name, "http" if spec.http else "worker", "app")
+        match = kx.selector(spec.name)
+        kx.service_account(spec.name, ns, lbls, child)
+        port = HTTP_PORT if spec.http else METRICS_PORT
+        if spec.http:
+            # Headless: Envoy resolves every pod (STRICT_DNS) and ejects outliers itself.
+            kx.headless_service(spec.name, ns, lbls, match, {"http": HTTP_PORT}, child)
+        env = [
+            *kx.env(
+                {**args.environment, "SERVICE_NAME": spec.name, "PYTHONDONTWRITEBYTECODE": "1"}
+            ),
+            kx.secret_env("REDIS_PASSWORD", AUTH_SECRET, "password"),
+        ]
+        command = list(spec.command)
+        memory = f"{spec.scale.memory_mi}Mi"
+        container = kx.core.ContainerArgs(
+            name=spec.name,
+            image=args.image,
+            command=command,
+            env=env,
+            ports=[
+                kx.core.ContainerPortArgs(
+                    name="http" if spec.http else "metrics", container_port=port
+                )
+            ],
+            resources=kx.resources(spec.scale.cpu, memory, cpu_limit=_double(spec.scale.cpu)),
+            liveness_probe=kx.http_probe("/healthz", port, delay=5),
+            readiness_probe=kx.http_probe("/readyz", port, period=5),
+            security_context=kx.security(),
+            volume_mounts=[kx.mount("tmp", "/tmp")],
+        )
+        k8s.apps.v1.Deployment(
+            spec.name,
+            metadata=kx.meta(spec.name, ns, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                strategy=k8s.apps.v1.DeploymentStrategyArgs(
+                    type="RollingUpdate",
+                    rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(
+                        max_unavailable=0, max_surge="25%"
+                    ),
+                ),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(
+                        labels=lbls,
+                        annotations={
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(port),
+                            "prometheus.io/path": "/metrics",
+                        },
+                    ),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name=spec.name,
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(),
+                        node_selector=kx.node_selector("services"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[container],
+                        volumes=[kx.empty_dir("tmp")],
+                    ),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["spec.replicas"]),
+        )
+        kx.hpa(
+            spec.name,
+            ns,
+            lbls,
+            "Deployment",
+            spec.scale.min_replicas,
+            spec.scale.max_replicas,
+            child,
+        )
+        kx.pdb(spec.name, ns, match, lbls, child, max_unavailable="10%")
+
+    def _network_policies(self, args: ServicesArgs) -> None:
+        net = k8s.networking.v1
+        child = pulumi.ResourceOptions(parent=self)
+        lbls = kx.labels("likes", "network-policy", "app")
+        ns = args.namespace
+
+        def policy(
+            name: str,
+            namespace: str,
+            pod_match: dict[str, str],
+            sources: list[str],
+            ports: list[int] | None,
+        ) -> None:
+            net.NetworkPolicy(
+                f"netpol-{namespace}-{name}",
+                metadata=kx.meta(name, namespace, lbls),
+                spec=net.NetworkPolicySpecArgs(
+                    pod_selector=kx.meta_v1.LabelSelectorArgs(match_labels=pod_match or None),
+                    policy_types=["Ingress"],
+                    ingress=[
+                        net.NetworkPolicyIngressRuleArgs(
+                            from_=[
+                                net.NetworkPolicyPeerArgs(namespace_selector=_ns_selector(s))
+                                for s in sources
+                            ],
+                            ports=[net.NetworkPolicyPortArgs(port=p, protocol="TCP") for p in ports]
+                            if ports
+                            else None,
+                        )
+                    ]
+                    if sources
+                    else [],
+                ),
+                opts=child,
+            )
+
+        # Deny by default, in the services' namespace and the datastores'.
+        policy("default-deny", ns, {}, [], None)
+        policy("default-deny", args.data_namespace, {}, [], None)
+        for spec in args.services:
+            if spec.http:
+                policy(
+                    f"{spec.name}-from-gateway",
+                    ns,
+                    kx.selector(spec.name),
+                    [args.edge_namespace],
+                    [HTTP_PORT],
+                )
+        policy(
+            "metrics-from-prometheus",
+            ns,
+            {},
+            [args.observability_namespace],
+            [HTTP_PORT, METRICS_PORT],
+        )
+        # Datastores: reachable from the services, each other, the operators and Prometheus.
+        policy(
+            "datastores-from-platform",
+            args.data_namespace,
+            {},
+            [ns, args.data_namespace, args.operators_namespace, args.observability_namespace],
+            None,
+        )
+        # The peer regions' MirrorMaker 2 arrive over the internal NLB from their VPC ranges.
+        net.NetworkPolicy(
+            f"netpol-{args.data_namespace}-kafka-peers",
+            metadata=kx.meta("kafka-peers", args.data_namespace, lbls),
+            spec=net.NetworkPolicySpecArgs(
+                pod_selector=kx.meta_v1.LabelSelectorArgs(
+                    match_labels={"strimzi.io/kind": "Kafka"}
+                ),
+                policy_types=["Ingress"],
+                ingress=[
+                    net.NetworkPolicyIngressRuleArgs(
+                        from_=[
+                            net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="10.0.0.0/8"))
+                        ],
+                        ports=[net.NetworkPolicyPortArgs(port=9094, protocol="TCP")],
+                    )
+                ],
+            ),
+            opts=child,
+        )
+
+
+def _double(cpu: str) -> str:
+    if cpu.endswith("m"):
+        return f"{int(cpu[:-1]) * 2}m"
+    return str(float(cpu) * 2).removesuffix(".0")

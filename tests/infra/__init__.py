@@ -1,0 +1,1 @@
+"""Infra tests: generated configs and the Pulumi program under mocks."""

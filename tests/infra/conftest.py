@@ -1,0 +1,34 @@
+"""Plans of every stack, built once per session under Pulumi's mocks (each in its own context)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import config, plan, stackfile
+
+STACKS = stackfile.stack_names()
+
+
+@pytest.fixture(scope="session")
+def plans() -> dict[str, plan.Plan]:
+    return {name: plan.run(name) for name in STACKS}
+
+
+@pytest.fixture(scope="session")
+def configs() -> dict[str, config.StackConfig]:
+    out = {}
+    for name in STACKS:
+        sf = stackfile.load(name)
+        out[name] = config.parse(sf.values, sf.secret_keys)
+    return out
+
+
+def by_kind(p: plan.Plan, kind: str) -> list[plan.Declared]:
+    return [r for r in p.resources if r.inputs.get("kind") == kind]
+
+
+def named(p: plan.Plan, kind: str, name: str) -> plan.Declared:
+    for r in by_kind(p, kind):
+        if r.inputs.get("metadata", {}).get("name") == name:
+            return r
+    raise AssertionError(f"no {kind} named {name}")

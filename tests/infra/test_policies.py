@@ -1,0 +1,126 @@
+"""Each policy fails on a crafted bad resource and passes on the real program."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from infra import plan, policies
+from tests.infra.conftest import STACKS, named
+
+
+@dataclass(frozen=True)
+class R:
+    type: str
+    name: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+def _k8s(r: plan.Declared) -> R:
+    return R(r.type, r.name, copy.deepcopy(r.inputs))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_policy_passes_on_the_real_program(plans: dict[str, plan.Plan], stack: str) -> None:
+    p = plans[stack]
+    sf_raw = {"likes:redisPassword": "x"}
+    assert policies.containers_have_resources_and_probes(p.resources) == []
+    assert policies.statefulsets_have_pdb_and_zone_spread(p.resources) == []
+    assert policies.no_public_datastore(p.resources) == []
+    assert policies.no_plaintext_secrets(p.resources, sf_raw, ["likes:redisPassword"]) == []
+
+
+def test_container_without_limits_or_probes_fails(plans: dict[str, plan.Plan]) -> None:
+    bad = _k8s(named(plans["staging"], "Deployment", "write-svc"))
+    container = bad.inputs["spec"]["template"]["spec"]["containers"][0]
+    del container["resources"]["limits"]
+    del container["readinessProbe"]
+    found = {(v.policy, v.message) for v in policies.containers_have_resources_and_probes([bad])}
+    assert ("container-resources", "container write-svc has no limits for cpu, memory") in found
+    assert ("container-probes", "container write-svc has no readinessProbe") in found
+
+
+def test_job_needs_resources_but_not_probes(plans: dict[str, plan.Plan]) -> None:
+    job = next(r for r in plans["staging"].resources if r.name == "scylla-migrate")
+    assert policies.containers_have_resources_and_probes([job]) == []
+    bad = _k8s(job)
+    del bad.inputs["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
+    (v,) = policies.containers_have_resources_and_probes([bad])
+    assert v.policy == "container-resources" and "memory" in v.message
+
+
+def test_statefulset_without_pdb_or_zone_spread_fails(plans: dict[str, plan.Plan]) -> None:
+    sts = _k8s(named(plans["staging"], "StatefulSet", "etcd"))
+    pdb = _k8s(named(plans["staging"], "PodDisruptionBudget", "etcd"))
+    assert policies.statefulsets_have_pdb_and_zone_spread([sts, pdb]) == []
+    found = {v.policy for v in policies.statefulsets_have_pdb_and_zone_spread([sts])}
+    assert found == {"statefulset-pdb"}
+    sts.inputs["spec"]["template"]["spec"]["topologySpreadConstraints"] = [
+        c
+        for c in sts.inputs["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        if c["topologyKey"] != "topology.kubernetes.io/zone"
+    ]
+    found = {v.policy for v in policies.statefulsets_have_pdb_and_zone_spread([sts, pdb])}
+    assert found == {"statefulset-zone-spread"}
+
+
+def test_scylla_racks_in_one_zone_fail(plans: dict[str, plan.Plan]) -> None:
+    scylla = _k8s(
+        next(r for r in plans["staging"].resources if r.inputs.get("kind") == "ScyllaCluster")
+    )
+    for rack in scylla.inputs["spec"]["datacenter"]["racks"]:
+        terms = rack["placement"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = ["us-west-2a"]
+    (v,) = policies.statefulsets_have_pdb_and_zone_spread([scylla])
+    assert v.policy == "statefulset-zone-spread"
+
+
+def test_secret_in_plain_config_fails(plans: dict[str, plan.Plan]) -> None:
+    raw = {"likes:redisPassword": "hunter2", "likes:region": "us-east-1"}
+    (v,) = policies.no_plaintext_secrets([], raw, secret_keys=[])
+    assert (v.policy, v.resource) == ("secret-in-plain-config", "likes:redisPassword")
+    assert policies.no_plaintext_secrets([], raw, secret_keys=["likes:redisPassword"]) == []
+    dep = _k8s(named(plans["staging"], "Deployment", "write-svc"))
+    dep.inputs["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "REDIS_PASSWORD", "value": "hunter2"}
+    )
+    cm = R(
+        "kubernetes:core/v1:ConfigMap", "leaky", {"kind": "ConfigMap", "data": {"api_token": "x"}}
+    )
+    found = policies.no_plaintext_secrets([dep, cm], {}, [])
+    assert {v.resource for v in found} == {
+        "kubernetes:apps/v1:Deployment::write-svc",
+        "kubernetes:core/v1:ConfigMap::leaky",
+    }
+
+
+def test_public_datastore_endpoint_fails(plans: dict[str, plan.Plan]) -> None:
+    p = plans["prod-us"]
+    sts = named(p, "StatefulSet", "idem-store")
+    # A LoadBalancer Service that selects Redis pods without any datastore label of its own.
+    lb = R(
+        "kubernetes:core/v1:Service",
+        "oops",
+        {
+            "kind": "Service",
+            "metadata": {"labels": {}},
+            "spec": {"type": "LoadBalancer", "selector": {"app.kubernetes.io/name": "idem-store"}},
+        },
+    )
+    (v,) = policies.no_public_datastore([sts, lb])
+    assert v.policy == "public-datastore"
+    internal = copy.deepcopy(lb.inputs)
+    internal["metadata"]["annotations"] = {
+        "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"
+    }
+    assert policies.no_public_datastore([sts, R(lb.type, "ok", internal)]) == []
+    kafka = _k8s(next(r for r in p.resources if r.inputs.get("kind") == "Kafka"))
+    assert policies.no_public_datastore([kafka]) == []
+    kafka.inputs["spec"]["kafka"]["template"] = {}
+    (v,) = policies.no_public_datastore([kafka])
+    assert "peers" in v.message
+    # The gateway's public NLB is not a datastore.
+    assert policies.no_public_datastore([named(p, "Service", "envoy")]) == []

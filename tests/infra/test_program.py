@@ -1,0 +1,285 @@
+"""The program under mocks, per stack: the numbers that matter for durability and limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from infra import config, kafka, plan
+from services.schema import cql_apply
+from tests.infra.conftest import STACKS, by_kind, named
+
+COMPONENTS = {
+    "Network", "Cluster", "Platform", "Redis", "Kafka", "Scylla", "Etcd", "SchemaRegistry",
+    "Observability", "Services", "Operator", "Gateway", "Cdn",
+}  # fmt: skip
+
+
+def test_three_stacks_exist() -> None:
+    assert set(STACKS) >= {"prod-us", "prod-eu", "staging"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_builds_every_component_and_passes_policies(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    types = {
+        r.type.removeprefix("likes:infra:") for r in p.resources if r.type.startswith("likes:")
+    }
+    assert types == COMPONENTS
+    assert p.violations == []
+    # Every child of a component is parented (nothing leaks to the stack root but components).
+    roots = [r for r in p.resources if r.parent and r.parent.startswith("likes-")]
+    assert {r.type for r in roots} <= {f"likes:infra:{c}" for c in COMPONENTS}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_topics_partitions_replication_and_min_isr(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    topics = {
+        t.inputs["metadata"]["name"]: t.inputs["spec"] for t in by_kind(plans[stack], "KafkaTopic")
+    }
+    assert set(topics) == {"likes.committed", "likes.voided", "likes.unvoided", "likes.dead-letter"}
+    expected = configs[stack].kafka.partitions
+    for name in ("likes.committed", "likes.voided", "likes.unvoided"):
+        assert topics[name]["partitions"] == expected
+    for spec in topics.values():
+        assert spec["replicas"] == 3
+        assert spec["config"]["min.insync.replicas"] == 2
+        assert spec["config"]["unclean.leader.election.enable"] is False
+    dead = topics["likes.dead-letter"]
+    assert dead["partitions"] == 32
+    assert dead["config"]["retention.ms"] == 30 * 24 * 3600 * 1000
+
+
+@pytest.mark.parametrize("stack", ["prod-us", "prod-eu"])
+def test_prod_event_topics_have_256_partitions(plans: dict[str, plan.Plan], stack: str) -> None:
+    for name in ("likes.committed", "likes.voided"):
+        assert named(plans[stack], "KafkaTopic", name).inputs["spec"]["partitions"] == 256
+
+
+def test_topic_specs_follow_args() -> None:
+    args = kafka.KafkaArgs(
+        namespace="n", region="r", zones=("a", "b", "c"), version="4.1.1", controllers=3,
+        brokers_per_zone=1, broker_storage_gi=1, broker_cpu="1", broker_memory_gi=1,
+        partitions=7, dead_letter_partitions=5, dead_letter_retention_days=2, retention_hours=1,
+        replication_factor=3, min_insync_replicas=2, mirror_maker_replicas=1,
+    )  # fmt: skip
+    specs = {t.name: t for t in kafka.topic_specs(args)}
+    assert specs["likes.committed"].partitions == 7
+    assert specs["likes.dead-letter"].partitions == 5
+    assert specs["likes.dead-letter"].config["retention.ms"] == 2 * 86_400_000
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_kafka_cluster_is_durable_and_zone_aware(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    cluster = by_kind(plans[stack], "Kafka")[0].inputs
+    assert cluster["apiVersion"] == "kafka.strimzi.io/v1"
+    cfg = cluster["spec"]["kafka"]["config"]
+    assert cfg["default.replication.factor"] == 3
+    assert cfg["min.insync.replicas"] == 2
+    assert cfg["transaction.state.log.min.isr"] == 2
+    assert cluster["spec"]["kafka"]["rack"]["topologyKey"] == "topology.kubernetes.io/zone"
+    pools = [r.inputs for r in by_kind(plans[stack], "KafkaNodePool")]
+    broker_zones = set()
+    for pool in pools:
+        assert pool["metadata"]["labels"]["strimzi.io/cluster"] == "likes"
+        if pool["spec"]["roles"] == ["broker"]:
+            terms = pool["spec"]["template"]["pod"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"]
+            broker_zones.update(terms[0]["matchExpressions"][0]["values"])
+    assert broker_zones == set(configs[stack].zones)
+
+
+def test_mirror_maker_pulls_peer_regions_without_loops(plans: dict[str, plan.Plan]) -> None:
+    for stack, own, peer in (
+        ("prod-us", "us-east-1", "eu-west-1"),
+        ("prod-eu", "eu-west-1", "us-east-1"),
+    ):
+        (mm2,) = by_kind(plans[stack], "KafkaMirrorMaker2")
+        spec = mm2.inputs["spec"]
+        assert spec["target"]["alias"] == own
+        (mirror,) = spec["mirrors"]
+        assert mirror["source"]["alias"] == peer
+        # Identity names + two-way mirroring would loop; the default policy prefixes remote topics.
+        assert "replication.policy.class" not in mirror["sourceConnector"]["config"]
+    assert by_kind(plans["staging"], "KafkaMirrorMaker2") == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_scylla_three_racks_in_three_zones_and_rf3(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    cfg = configs[stack]
+    (cluster,) = by_kind(plans[stack], "ScyllaCluster")
+    dc = cluster.inputs["spec"]["datacenter"]
+    assert dc["name"] == cfg.region
+    zones = [
+        rack["placement"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ][0]["matchExpressions"][0]["values"]
+        for rack in dc["racks"]
+    ]
+    assert sorted(z for zs in zones for z in zs) == sorted(cfg.zones)
+    (job,) = [j for j in by_kind(plans[stack], "Job") if j.name == "scylla-migrate"]
+    env = {
+        e["name"]: e.get("value")
+        for e in job.inputs["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    replication = json.loads(env["CQL_REPLICATION"])
+    assert replication[cfg.region] == 3
+    assert set(replication.values()) == {3}
+    # The statements the Job will run, rendered by the repository's own applier.
+    cql = named(plans[stack], "ConfigMap", "scylla-cql").inputs["data"]
+    assert set(cql) == {p.name for p in cql_apply.CQL_DIR.glob("*.cql")}
+    keyspace = cql_apply.statements(replication)[0]
+    assert "'class': 'NetworkTopologyStrategy'" in keyspace
+    assert f"'{cfg.region}': 3" in keyspace
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_etcd_five_members_quorum_pdb_and_zone_spread(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    sts = named(plans[stack], "StatefulSet", "etcd").inputs
+    assert sts["spec"]["replicas"] == 5
+    assert (
+        "--initial-cluster="
+        + ",".join(
+            f"etcd-{i}=http://etcd-{i}.etcd-peer.likes-data.svc.cluster.local:2380"
+            for i in range(5)
+        )
+        in sts["spec"]["template"]["spec"]["containers"][0]["command"]
+    )
+    pdb = named(plans[stack], "PodDisruptionBudget", "etcd").inputs["spec"]
+    assert pdb["minAvailable"] == 3  # quorum of five: at most two down
+    assert (
+        pdb["selector"]["matchLabels"].items()
+        <= sts["spec"]["template"]["metadata"]["labels"].items()
+    )
+    spread = sts["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert {"topology.kubernetes.io/zone", "DoNotSchedule", 1} <= {
+        v for c in spread for v in (c["topologyKey"], c["whenUnsatisfiable"], c["maxSkew"])
+    }
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_redis_idem_store_aof_and_hot_pools(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    idem = (
+        named(plans[stack], "ConfigMap", "idem-store-conf")
+        .inputs["data"]["redis.conf"]
+        .splitlines()
+    )
+    assert {"appendonly yes", "appendfsync everysec", "maxmemory-policy noeviction"} <= set(idem)
+    cache = (
+        named(plans[stack], "ConfigMap", "count-cache-conf")
+        .inputs["data"]["redis.conf"]
+        .splitlines()
+    )
+    assert "appendonly no" in cache and "cluster-enabled yes" in cache
+    idem_sts = named(plans[stack], "StatefulSet", "idem-store").inputs["spec"]
+    assert idem_sts["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == (
+        f"{configs[stack].redis.idem_store_storage_gi}Gi"
+    )
+    pools = [s for s in by_kind(plans[stack], "StatefulSet") if s.name.startswith("hot-pool-")]
+    assert len(pools) == 4
+    # The password reaches Redis from the Secret, never as a literal.
+    env = idem_sts["template"]["spec"]["containers"][0]["env"]
+    assert any(e["name"] == "REDIS_PASSWORD" and "valueFrom" in e for e in env)
+    assert named(plans[stack], "Secret", "redis-auth").inputs["stringData"] == {
+        "password": plan.SECRET_MARK
+    }
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cdn_caches_anonymous_counts_and_bypasses_authorization(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    (rules,) = [r for r in plans[stack].resources if r.name == "cdn-cache-rules"]
+    assert rules.inputs["phase"] == "http_request_cache_settings"
+    cache, bypass = rules.inputs["rules"]
+    auth = 'any(lower(http.request.headers.names[*])[*] eq "authorization")'
+    assert cache["actionParameters"]["cache"] is True
+    assert cache["actionParameters"]["edgeTtl"]["mode"] == "respect_origin"
+    assert f"not {auth}" in cache["expression"]
+    assert 'http.request.method eq "GET"' in cache["expression"]
+    assert '"/v1/posts/"' in cache["expression"] and '"/likes"' in cache["expression"]
+    # The bypass comes last, so it overrides: any Authorization header or any non-GET.
+    assert bypass["actionParameters"]["cache"] is False
+    assert bypass["expression"] == f'{auth} or http.request.method ne "GET"'
+    (waf,) = [r for r in plans[stack].resources if r.name == "cdn-waf"]
+    assert all(rule["action"] == "execute" for rule in waf.inputs["rules"])
+    (dns,) = [r for r in plans[stack].resources if r.name == "cdn-api"]
+    assert dns.inputs["proxied"] is True
+    assert dns.inputs["content"].endswith(".elb.amazonaws.com")  # the gateway NLB's hostname
+
+
+def _find(obj: object, key: str) -> list[object]:
+    found: list[object] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == key:
+                found.append(v)
+            found.extend(_find(v, key))
+    elif isinstance(obj, list):
+        for v in obj:
+            found.extend(_find(v, key))
+    return found
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_gateway_rate_limits_and_mirror_fraction(plans: dict[str, plan.Plan], stack: str) -> None:
+    rl = yaml.safe_load(
+        named(plans[stack], "ConfigMap", "ratelimit-config").inputs["data"]["config.yaml"]
+    )
+    limits = {
+        d["key"]: (d["rate_limit"]["requests_per_unit"], d["rate_limit"]["unit"])
+        for top in rl["descriptors"]
+        for d in top["descriptors"]
+    }
+    assert sorted(limits.values()) == [(100, "minute"), (1000, "minute")]
+    bootstrap = json.loads(named(plans[stack], "ConfigMap", "envoy").inputs["data"]["envoy.json"])
+    mirrors = [m for found in _find(bootstrap, "requestMirrorPolicies") for m in found]  # type: ignore[attr-defined]
+    assert mirrors, "reads are not mirrored to the hot-key sampler"
+    for mirror in mirrors:
+        assert mirror["cluster"] == "hotkey_sampler"
+        fraction = mirror["runtimeFraction"]["defaultValue"]
+        # 1/100: proto3 JSON leaves out the default enum value (HUNDRED).
+        assert fraction["numerator"] == 1
+        assert fraction.get("denominator", "HUNDRED") == "HUNDRED"
+    domains = {d for d in _find(bootstrap, "domain") if isinstance(d, str)}
+    assert rl["domain"] in domains  # Envoy asks the ratelimit service in the domain it serves
+    hpa = named(plans[stack], "HorizontalPodAutoscaler", "envoy").inputs["spec"]
+    assert hpa["minReplicas"] >= 2
+    assert (
+        named(plans[stack], "PodDisruptionBudget", "envoy").inputs["spec"]["maxUnavailable"]
+        == "10%"
+    )
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_schema_registry_forward_and_registers_repository_schemas(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    dep = named(plans[stack], "Deployment", "schema-registry").inputs
+    env = {
+        e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["SCHEMA_REGISTRY_SCHEMA_COMPATIBILITY_LEVEL"] == "forward"
+    (bodies,) = [
+        r for r in by_kind(plans[stack], "ConfigMap") if r.name == "schema-registry-schemas"
+    ]
+    subjects = set(bodies.inputs.get("data") or {})
+    assert {"likes.committed-value.json", "likes.voided-value.json"} <= subjects
+    (job,) = [j for j in by_kind(plans[stack], "Job") if j.name == "schema-registry-register"]
+    script = job.inputs["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert '"compatibility": "FORWARD"' in script
