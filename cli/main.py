@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import typer
 
+from infra import cli as infra_cli
 from local import cli as local_cli
+from operators.hotkeys import cli as hotkeys_cli
 
 app = typer.Typer(
     help="Operate the like platform: local stack, infra, hot keys, runbooks.",
     no_args_is_help=True,
 )
 app.add_typer(local_cli.app, name="local")
+app.add_typer(infra_cli.app, name="infra")
+app.add_typer(hotkeys_cli.app, name="hotkeys")
 
 if __name__ == "__main__":
     app()

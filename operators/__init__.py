@@ -1,0 +1,3 @@
+"""Kubernetes operators of the like platform (Kopf)."""
+
+__all__: list[str] = []

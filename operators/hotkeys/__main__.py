@@ -1,0 +1,3 @@
+from operators.hotkeys.local_loop import main
+
+main()

@@ -1,0 +1,92 @@
+"""The hot pools: plain Redis instances holding read replicas of hot posts' `count:{post}` hash.
+
+A copy is written only if its `gen` is newer than the replica's (a slow refresh never rolls a
+replica back) and carries a TTL, so a replica the operator stops refreshing dies on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from services.contracts import keys
+
+# KEYS[1] = replica; ARGV = ttl, gen, then field, value pairs
+_COPY = """
+local cur = redis.call('HGET', KEYS[1], 'gen')
+if cur and tonumber(cur) > tonumber(ARGV[2]) then
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+def source_cluster(nodes: Sequence[tuple[str, int]], timeout_s: float = 0.5) -> RedisCluster:
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in nodes],
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        decode_responses=True,
+    )
+
+
+def parse_addresses(raw: str) -> list[str]:
+    return [a.strip() for a in raw.split(",") if a.strip()]
+
+
+class HotPools:
+    def __init__(self, addresses: Sequence[str], timeout_s: float = 0.5) -> None:
+        self.addresses = list(addresses)
+        self.clients: list[Redis] = []
+        for a in self.addresses:
+            host, port = a.rsplit(":", 1)
+            self.clients.append(
+                Redis(
+                    host=host,
+                    port=int(port),
+                    socket_timeout=timeout_s,
+                    socket_connect_timeout=timeout_s,
+                    decode_responses=True,
+                )
+            )
+        self._copy = [c.register_script(_COPY) for c in self.clients]
+
+    def pick(self, replication_factor: int) -> list[int]:
+        return list(range(min(replication_factor, len(self.clients))))
+
+    async def copy(
+        self, post_id: str, source: Mapping[Any, Any], ttl_s: int, pools: Sequence[int]
+    ) -> list[Exception]:
+        """Write the source hash into the chosen pools; the errors of pools that failed."""
+        gen = source.get("gen", 0) or 0
+        flat: list[Any] = []
+        for f, v in source.items():
+            flat += [f, v]
+        results = await asyncio.gather(
+            *(
+                self._copy[i](keys=[keys.count_key(post_id)], args=[ttl_s, gen, *flat])
+                for i in pools
+            ),
+            return_exceptions=True,
+        )
+        return [r for r in results if isinstance(r, Exception)]
+
+    async def drop(self, post_id: str) -> list[Exception]:
+        results = await asyncio.gather(
+            *(c.delete(keys.count_key(post_id)) for c in self.clients), return_exceptions=True
+        )
+        return [r for r in results if isinstance(r, Exception)]
+
+    async def close(self) -> None:
+        for c in self.clients:
+            with contextlib.suppress(Exception):
+                await c.aclose()

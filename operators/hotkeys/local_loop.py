@@ -1,0 +1,85 @@
+"""The reconcile loop without Kubernetes (the local stack): the policy is read from etcd
+(`/likes/flags/hotkey-policy`, the CRD's spec as JSON; defaults when absent), and /readyz and
+/metrics are served for the supervisor.
+
+    python -m operators.hotkeys --port 8600 --interval 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+
+from prometheus_client import Counter, Gauge
+
+from operators.hotkeys import hot_pools
+from operators.hotkeys.policy import InvalidPolicy, Policy
+from operators.hotkeys.reconciler import EtcdUnavailable, Reconciler
+from services.common import observability, worker_http
+from services.contracts import keys
+from services.contracts.settings import Settings
+
+log = logging.getLogger("hotkeys.operator")
+
+POLICY_KEY = keys.FLAGS_PREFIX + "hotkey-policy"
+HOT_KEYS = Gauge("likes_hotkeys_hot", "Posts the operator holds hot")
+SPLIT_KEYS = Gauge("likes_hotkeys_split", "Posts split by the operator")
+ERRORS = Counter("likes_hotkeys_reconcile_errors_total", "Failed reconcile passes", ["kind"])
+
+
+async def read_policy(reconciler: Reconciler, current: Policy) -> Policy:
+    """The policy in etcd, or `current` when absent or invalid (logged, never fatal)."""
+    raw = await reconciler._prefix(POLICY_KEY)
+    value = raw.get("")
+    if value is None:
+        return Policy()
+    try:
+        return Policy.from_spec(json.loads(value))
+    except (InvalidPolicy, ValueError) as e:
+        log.warning("invalid hotkey policy in etcd; keeping the previous one",
+                    extra={"fields": {"error": str(e)}})  # fmt: skip
+        return current
+
+
+async def run(interval_s: float, port: int) -> None:
+    settings = Settings()
+    observability.setup_logging("hotkey-operator", settings.log_level)
+    pools = hot_pools.HotPools(hot_pools.parse_addresses(os.environ.get("LIKES_HOT_POOLS", "")))
+    reconciler = Reconciler(
+        settings.etcd_host,
+        settings.etcd_port,
+        hot_pools.source_cluster(settings.count_cache_startup),
+        pools,
+    )
+    state = {"passes": 0}
+    worker_http.serve("127.0.0.1", port, lambda: {"reconciled": state["passes"] > 0})
+    policy = Policy()
+    try:
+        while True:
+            try:
+                policy = await read_policy(reconciler, policy)
+                report = await reconciler.tick(policy)
+                state["passes"] += 1
+                HOT_KEYS.set(len(report.hot_keys))
+                SPLIT_KEYS.set(len(report.split))
+                if report.promoted or report.demoted:
+                    log.info("hot set changed", extra={"fields": report.status()})
+                if report.errors:
+                    ERRORS.labels("data-plane").inc()
+            except EtcdUnavailable as e:
+                ERRORS.labels("etcd").inc()
+                log.warning("etcd unavailable", extra={"fields": {"error": str(e)}})
+            await asyncio.sleep(interval_s)
+    finally:
+        await reconciler.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=8600)
+    parser.add_argument("--interval", type=float, default=0.25)
+    args = parser.parse_args()
+    asyncio.run(run(args.interval, args.port))

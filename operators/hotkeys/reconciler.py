@@ -1,0 +1,197 @@
+"""One reconcile pass against etcd and Redis: read the hot set, decide, enforce, report.
+
+Runs the same inside the Kopf operator (a timer per HotKeyPolicy) and as the local stack's loop
+(no Kubernetes API). Its memory (which posts are hot, since when) is rebuilt from etcd's
+`hotpool/` and `split/` keys on start, so a restarted operator neither drops nor re-promotes.
+While etcd is unreachable it keeps refreshing the replicas of the last good hot set for the
+grace period, changes nothing, and raises EtcdUnavailable for the caller to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aetcd
+from redis.asyncio.cluster import RedisCluster
+
+from operators.hotkeys.decisions import HotEntry, Plan, decide
+from operators.hotkeys.hot_pools import HotPools
+from operators.hotkeys.policy import Policy
+from services.contracts import hotkeys, keys
+
+
+class EtcdUnavailable(Exception):
+    """etcd did not answer: the hot set cannot be read or changed this pass."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one pass did: the resource's status in the cluster, a log line locally."""
+
+    hot_keys: list[str]
+    split: list[str]
+    promoted: list[str] = field(default_factory=list)
+    demoted: list[str] = field(default_factory=list)
+    capped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    at: str = ""
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "hotKeys": self.hot_keys,
+            "splitKeys": self.split,
+            "lastReconcile": self.at,
+            "lastPromoted": self.promoted,
+            "lastDemoted": self.demoted,
+            "capped": len(self.capped),
+            "errors": self.errors[-10:],
+        }
+
+
+def _iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class Reconciler:
+    def __init__(
+        self,
+        etcd_host: str,
+        etcd_port: int,
+        source: RedisCluster,
+        pools: HotPools,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        grace_s: float = hotkeys.GRACE_S,
+        timeout_s: float = 1.0,
+    ) -> None:
+        self.etcd_host, self.etcd_port, self.timeout_s = etcd_host, etcd_port, timeout_s
+        self.source, self.pools, self.clock = source, pools, clock
+        self.state: dict[str, HotEntry] = {}
+        self.last_good: hotkeys.LastGood[dict[str, HotEntry]] = hotkeys.LastGood({}, grace_s, clock)
+        self._restored = False
+        self._etcd: aetcd.Client | None = None
+
+    # -- etcd -------------------------------------------------------------------------------
+    async def _client(self) -> aetcd.Client:
+        if self._etcd is None:
+            self._etcd = aetcd.Client(
+                host=self.etcd_host, port=self.etcd_port, timeout=self.timeout_s
+            )
+        return self._etcd
+
+    async def _prefix(self, prefix: str) -> dict[str, bytes]:
+        client = await self._client()
+        result = await asyncio.wait_for(client.get_prefix(prefix.encode()), self.timeout_s)
+        return {hotkeys.post_of(kv.key, prefix): kv.value for kv in result}
+
+    async def _put(self, key: str, value: bytes) -> None:
+        await asyncio.wait_for((await self._client()).put(key.encode(), value), self.timeout_s)
+
+    async def _delete(self, key: str) -> None:
+        await asyncio.wait_for((await self._client()).delete(key.encode()), self.timeout_s)
+
+    async def _drop_etcd(self) -> None:
+        client, self._etcd = self._etcd, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+    async def _restore(self, now: float) -> None:
+        """Adopt the hot set a previous operator left in etcd."""
+        pools = await self._prefix(hotkeys.HOTPOOL_PREFIX)
+        splits = await self._prefix(keys.SPLIT_PREFIX)
+        for post in pools:
+            flag = hotkeys.decode_split(splits[post]) if post in splits else None
+            split = flag is not None and flag.by == "operator"
+            self.state[post] = HotEntry(since=now, last_hot=now, rate=0.0, split=split)
+        self._restored = True
+
+    # -- one pass ---------------------------------------------------------------------------
+    async def tick(self, policy: Policy) -> Report:
+        now = self.clock()
+        try:
+            if not self._restored:
+                await self._restore(now)
+            raw = await self._prefix(keys.HOTKEYS_PREFIX)
+            splits = await self._prefix(keys.SPLIT_PREFIX)
+        except Exception as e:
+            await self._drop_etcd()
+            # the data plane keeps the last good config: keep its replicas fresh, for a while
+            held = self.last_good.get()
+            await self._refresh(policy, held, [])
+            raise EtcdUnavailable(f"etcd {self.etcd_host}:{self.etcd_port}: {e!r}") from e
+        observed = {p: hotkeys.decode_hot(v) for p, v in raw.items()}
+        plan = decide(policy, observed, self.state, now)
+        errors: list[str] = []
+        try:
+            await self._apply(policy, plan, splits, errors)
+        except Exception as e:
+            await self._drop_etcd()
+            raise EtcdUnavailable(f"etcd write failed mid-pass: {e!r}") from e
+        self.state = plan.state
+        self.last_good.ok(plan.state)
+        return Report(
+            hot_keys=plan.refresh,
+            split=sorted(p for p, e in plan.state.items() if e.split),
+            promoted=plan.promote,
+            demoted=plan.demote,
+            capped=plan.capped,
+            errors=errors,
+            at=_iso(),
+        )
+
+    async def _apply(
+        self, policy: Policy, plan: Plan, splits: dict[str, bytes], errors: list[str]
+    ) -> None:
+        ms = hotkeys.now_ms()
+        chosen = self.pools.pick(policy.replication_factor)
+        addresses = [self.pools.addresses[i] for i in chosen]
+        # demote first: flag away before replicas go, so no reader is sent to a missing copy
+        for post in plan.demote:
+            await self._delete(hotkeys.HOTPOOL_PREFIX + post)
+            errors += [f"drop {post}: {e!r}" for e in await self.pools.drop(post)]
+        for post in plan.unsplit:
+            flag = hotkeys.decode_split(splits[post]) if post in splits else None
+            if flag is not None and flag.by == "operator":  # on-call's manual splits stay
+                await self._delete(keys.SPLIT_PREFIX + post)
+        await self._refresh(policy, plan.state, errors)
+        for post in plan.promote:  # replicas were written by _refresh: now point readers there
+            await self._put(hotkeys.HOTPOOL_PREFIX + post, hotkeys.encode_pools(addresses, ms))
+        for post in plan.split:
+            if post not in splits:
+                flag = hotkeys.SplitFlag(policy.split_factor, "operator", ms)
+                await self._put(keys.SPLIT_PREFIX + post, flag.encode())
+
+    async def _refresh(self, policy: Policy, hot: dict[str, HotEntry], errors: list[str]) -> None:
+        """Copy every hot post's aggregate into its pools (one pipeline to the source)."""
+        if not hot:
+            return
+        posts = sorted(hot)
+        try:
+            sources = await asyncio.gather(
+                *(self.source.hgetall(keys.count_key(p)) for p in posts), return_exceptions=True
+            )
+        except Exception as e:
+            errors.append(f"count-cache: {e!r}")
+            return
+        chosen = self.pools.pick(policy.replication_factor)
+        copies = []
+        for post, src in zip(posts, sources, strict=True):
+            if isinstance(src, BaseException):
+                errors.append(f"count-cache {post}: {src!r}")
+            elif src:  # nothing counted yet: nothing to copy
+                copies.append(self.pools.copy(post, src, policy.replica_ttl_s, chosen))
+        for errs in await asyncio.gather(*copies):
+            errors += [f"hot pool: {e!r}" for e in errs]
+
+    async def close(self) -> None:
+        await self._drop_etcd()
+        await self.pools.close()
+        with contextlib.suppress(Exception):
+            await self.source.aclose()
