@@ -106,7 +106,7 @@ async def _worker(
                 elif line.lower() == b"transfer-encoding: chunked":
                     raise RuntimeError("chunked responses are not supported by this client")
             await reader.readexactly(length)
-            if status != 200:
+            if not 200 <= status < 300:
                 raise RuntimeError(f"HTTP {status}: {head[:200]!r}")
             if t0 >= warm_until:
                 latencies.append(time.perf_counter() - t0)

@@ -25,7 +25,8 @@ def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None
     status = json.loads(stack.first_up.stdout.splitlines()[-1])
     expected = {
         "etcd", "idem-store", "cassandra", "schema-registry", "prometheus", "alertmanager",
-        "write", "read", "outbox-relay", "aggregator",
+        "write", "read", "outbox-relay", "aggregator", "hotkey-sampler", "hotkey-operator",
+        *(f"hot-pool-{i}" for i in range(1, 5)),
         *(f"count-cache-{i}" for i in range(1, 7)),
         *(f"kafka-{i}" for i in range(1, stack.layout.kafka_brokers + 1)),
     }  # fmt: skip

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from cassandra.cluster import Session
 from fastapi.testclient import TestClient
@@ -137,3 +138,12 @@ def test_kafka_down_still_202_and_relay_drains_after_restart(
     # each like published (at least once; consumers dedup on intent_uuid), none lost
     assert {e.intent_uuid for e in evs} == set(keys_)
     assert all(outbox_rows(cql, u) == [] for u in users)
+    # and counted exactly once, by the stack's own aggregator, as the read service answers
+    read = stack.service_url("read")
+    deadline = time.monotonic() + 60
+    while True:
+        count = httpx.get(f"{read}/v1/posts/{post}/likes", timeout=5).json()["count"]
+        if count == len(users) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert count == len(users)

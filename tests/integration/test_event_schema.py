@@ -1,0 +1,65 @@
+"""The like event under FORWARD compatibility: the next version stays readable by consumers still
+on this one, and a change that would break them is refused by the registry at publish time."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from services.contracts import events
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+
+
+def v1() -> dict[str, object]:
+    schema: dict[str, object] = json.loads(events.LIKE_EVENT_SCHEMA)
+    return schema
+
+
+def with_fields(fields: list[dict[str, object]]) -> str:
+    return json.dumps({**v1(), "fields": fields})
+
+
+def test_next_version_is_readable_by_consumers_on_this_one(stack: Stack) -> None:
+    registry = SchemaRegistryClient({"url": stack.registry_url})
+    subject = f"likes.schema-test-{uuid.uuid4().hex[:8]}-value"
+    topic = subject.removesuffix("-value")
+    registry.set_compatibility(subject, "FORWARD")
+    registry.register_schema(subject, Schema(events.LIKE_EVENT_SCHEMA, "AVRO"))
+
+    # v2 adds a field (with a default, as a good citizen) — old readers just skip it
+    fields = list(v1()["fields"])  # type: ignore[call-overload]
+    v2 = with_fields([*fields, {"name": "client", "type": "string", "default": "unknown"}])
+    registry.register_schema(subject, Schema(v2, "AVRO"))
+
+    ser = AvroSerializer(
+        registry, v2, conf={"auto.register.schemas": False, "use.latest.version": True}
+    )
+    record = {
+        "event_id": str(uuid.uuid4()), "intent_uuid": str(uuid.uuid4()), "user_id": "u",
+        "post_id": "p", "action": "like", "reaction": "like", "delta": 1, "region": "local",
+        "shard": 0, "occurred_at": 1_700_000_000_000, "client": "ios",
+    }  # fmt: skip
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    payload = ser(record, ctx)
+    assert payload is not None
+
+    # a consumer still compiled against v1 (its reader schema) reads the v2 bytes
+    old_reader = AvroDeserializer(
+        registry, events.LIKE_EVENT_SCHEMA, from_dict=lambda d, _c: events.LikeEvent.from_dict(d)
+    )
+    ev = old_reader(payload, ctx)
+    assert ev.intent_uuid == record["intent_uuid"] and ev.delta == 1
+
+    # v3 drops intent_uuid, which v1 readers need and has no default: refused at the source
+    broken = with_fields([f for f in fields if f["name"] != "intent_uuid"])
+    with pytest.raises(SchemaRegistryError) as e:
+        registry.register_schema(subject, Schema(broken, "AVRO"))
+    assert e.value.http_status_code == 409
