@@ -4,7 +4,8 @@ A viral post gets a short edge TTL (5 s) so its count moves; a cold post 30 s. T
 in etcd at `/likes/heat/<post_id>` ("hot", or a TTL in seconds); the hot-key sampler will write it.
 `HeatSource` is the seam: the read service only asks `ttl(post_id)`, which must never block or
 fail, so the etcd implementation serves an in-memory copy refreshed in the background and keeps
-the last known values while etcd is unreachable.
+the last known values while etcd is unreachable, for the control plane's grace period (5 minutes,
+`hotkeys.GRACE_S`); after that the hints expire and every post reads as cold (30 s), the default.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import aetcd
 
 from services.contracts import keys
+from services.contracts.hotkeys import GRACE_S, LastGood
 
 log = logging.getLogger("read.heat")
 
@@ -63,19 +66,34 @@ class StaticHeat:
 
 
 class EtcdHeat:
-    """Polls the heat prefix (a small set: only hot posts carry a hint) every `interval_s`."""
+    """Polls the heat prefix (a small set: only hot posts carry a hint) every `interval_s`.
+
+    The hints of the last successful poll are served for `grace_s` after it; a longer etcd
+    outage expires them (cold defaults) rather than pinning a post hot or cold forever."""
 
     def __init__(
-        self, host: str, port: int, *, interval_s: float = 1.0, timeout_s: float = 1.0
+        self,
+        host: str,
+        port: int,
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float = 1.0,
+        grace_s: float = GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.port = port
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self.hints: dict[str, str] = {}
+        self.last_good: LastGood[dict[str, str]] = LastGood({}, grace_s, clock)
         self.last_ok = False
         self._task: asyncio.Task[None] | None = None
         self._client: aetcd.Client | None = None
+
+    @property
+    def hints(self) -> dict[str, str]:
+        """The hints in force: the last poll's, or none once they have expired."""
+        return self.last_good.get()
 
     def ttl(self, post_id: str) -> int:
         return ttl_for(self.hints.get(post_id))
@@ -91,7 +109,7 @@ class EtcdHeat:
         await self._drop_client()
 
     async def refresh(self) -> None:
-        """One poll; raises if etcd is unreachable (the caller keeps the previous hints)."""
+        """One poll; raises if etcd is unreachable (the previous hints stay, until they expire)."""
         if self._client is None:
             self._client = aetcd.Client(host=self.host, port=self.port, timeout=self.timeout_s)
         prefix = keys.HEAT_PREFIX.encode()
@@ -100,7 +118,7 @@ class EtcdHeat:
         for kv in result:
             post_id = kv.key[len(prefix) :].decode(errors="replace")
             hints[post_id] = kv.value.decode(errors="replace")
-        self.hints = hints  # swap whole: readers never see a half-built map
+        self.last_good.ok(hints)  # swap whole: readers never see a half-built map
 
     async def _run(self) -> None:
         while True:
@@ -111,9 +129,9 @@ class EtcdHeat:
                 self.last_ok = True
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # etcd down: keep serving the last known hints
+            except Exception as e:  # etcd down: the last known hints, until they expire
                 if self.last_ok:
-                    log.warning("etcd unreachable; keeping last heat hints",
+                    log.warning("etcd unreachable; keeping last heat hints for the grace period",
                                 extra={"fields": {"error": repr(e)}})  # fmt: skip
                 self.last_ok = False
                 await self._drop_client()

@@ -5,6 +5,8 @@
   posts batches, so the answer never waits on the sampler, and a slow one only loses samples.
 - `HotPoolCountCache`: hot posts (the operator's `/likes/hotpool/<post>`) read their aggregate
   from a random hot-pool replica, others (and any replica miss or error) from the count-cache.
+  A replica read gets one attempt within `timeout_s` (no client retries: redis-py's default of
+  10 with backoff would outlast the Reader's deadline and fail the cold posts of the batch too).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import httpx
 from prometheus_client import Counter
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from services.contracts import hotkeys, keys
 from services.read.core import Aggregate, CountCache
@@ -117,13 +121,15 @@ class HotPoolCountCache:
                 port=int(port),
                 socket_timeout=self.timeout_s,
                 socket_connect_timeout=self.timeout_s,
+                retry=Retry(NoBackoff(), 0),  # the fall-back is the count-cache, not a retry
             )
             self._clients[address] = c
         return c
 
     async def _replica(self, post_id: str, pools: list[str]) -> Aggregate | None:
         try:
-            raw = await self._client(self.rng.choice(pools)).hgetall(keys.count_key(post_id))
+            client = self._client(self.rng.choice(pools))
+            raw = await asyncio.wait_for(client.hgetall(keys.count_key(post_id)), self.timeout_s)
         except Exception:
             HOT_POOL_READS.labels("error").inc()
             return None

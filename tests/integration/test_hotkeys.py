@@ -1,6 +1,9 @@
 """The hot-key loop on the real stack (etcd, Redis Cluster, hot pools, the sampler, the operator's
 loop): a flash spike is flagged and replicated; replicas track the source; a split post's likes
-sum exactly; the post is demoted after the spike; a killed sampler's flags expire.
+sum exactly; the post is demoted after the spike; a killed sampler's flags expire. The data plane:
+the read service (in-process) answers a hot post from its hot-pool copy and falls back to the
+count-cache when that pool is down, and mirrors its reads to the sampler; the heat hints survive
+an etcd outage for the grace period only. On-call's `likes hotkeys` against the real etcd.
 
 The loop's processes are `local.components.hotkeys`; the fixture starts any that are not already
 running (the stack's build list may not include them yet) and stops only those it started.
@@ -24,6 +27,9 @@ import aetcd
 import httpx
 import pytest
 import redis
+from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from local.components import hotkeys as hk_components
@@ -32,6 +38,8 @@ from operators.hotkeys import cli as hotkeys_cli
 from operators.hotkeys.local_loop import POLICY_KEY
 from services.client import LikesClient
 from services.contracts import auth, hotkeys, keys
+from services.read.heat import COLD_TTL_S, HOT_TTL_S, EtcdHeat
+from services.read.main import create_app
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -179,10 +187,8 @@ def test_flash_spike_is_flagged_replicated_tracked_then_demoted(
     wait_for(lambda: all(r.hget(keys.count_key(post), "count") == "57" for r in pools(stack)))
 
     # the spike is also past splitRate: the operator split it
-    flag = wait_for(lambda: etcd_get(stack, keys.SPLIT_PREFIX + post))
-    assert hotkeys.decode_split(flag) == hotkeys.SplitFlag(
-        8, "operator", hotkeys.decode_split(flag).since_ms
-    )  # type: ignore[union-attr]
+    split = hotkeys.decode_split(wait_for(lambda: etcd_get(stack, keys.SPLIT_PREFIX + post)))
+    assert split is not None and (split.factor, split.by) == (8, "operator")
 
     # the spike ends: rates decay, the sampler drops the flag, the operator demotes after 3 s
     wait_for(lambda: etcd_get(stack, keys.HOTKEYS_PREFIX + post) is None, timeout=30)
@@ -262,3 +268,208 @@ def test_a_split_posts_likes_still_sum_exactly(stack: Stack, loop: dict[str, Any
 
     result = CliRunner().invoke(hotkeys_cli.app, ["unsplit", post, "--yes", "--json"], env=env)
     assert json.loads(result.output) == {"post_id": post, "removed": True}
+
+
+# -- the read service's side ----------------------------------------------------------------------
+def local_metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def sampler_samples(sampler: str) -> float:
+    text = httpx.get(f"{sampler}/metrics", timeout=2).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "likes_sampler_samples_total":
+                return sample.value
+    return 0.0
+
+
+@pytest.fixture
+def read_app(
+    stack: Stack, loop: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TestClient]:
+    """The read service in-process on the stack, mirroring every read (fraction 1) to the
+    stack's sampler (MirrorSettings reads LIKES_SAMPLER_URL/LIKES_SAMPLE_FRACTION)."""
+    monkeypatch.setenv("LIKES_SAMPLER_URL", loop["sampler"])
+    monkeypatch.setenv("LIKES_SAMPLE_FRACTION", "1.0")
+    with TestClient(create_app(stack.settings())) as client:
+        yield client
+
+
+def seed_hot_post(stack: Stack, post: str, source: int, copy: int, ports: list[int]) -> None:
+    """`source` in the count-cache, a different `copy` in the given hot pools, and the hot-pool
+    flag pointing readers there (as the operator would, but with a copy that differs)."""
+    count_cache(stack).hset(keys.count_key(post), mapping={"count": source, "gen": 1})
+    for port in ports:
+        r = redis.Redis(host=stack.host, port=port, socket_timeout=1)
+        r.hset(keys.count_key(post), mapping={"count": copy, "gen": 1})
+        r.expire(keys.count_key(post), 120)
+    addresses = [f"{stack.host}:{p}" for p in ports]
+    etcd_put(stack, hotkeys.HOTPOOL_PREFIX + post, hotkeys.encode_pools(addresses, 0))
+
+
+def count_of(client: TestClient, post: str) -> tuple[int | None, str]:
+    r = client.get(f"/v1/posts/{post}/likes")
+    assert r.status_code == 200
+    return r.json()["count"], r.headers["x-read-tier"]
+
+
+def test_a_hot_post_is_answered_from_its_hot_pool_copy(stack: Stack, read_app: TestClient) -> None:
+    post, cold = f"hotread-{uuid.uuid4().hex[:8]}", f"coldread-{uuid.uuid4().hex[:8]}"
+    count_cache(stack).hset(keys.count_key(cold), mapping={"count": 7, "gen": 1})
+    try:
+        seed_hot_post(stack, post, source=41, copy=999, ports=hk_components.hot_pool_ports(
+            stack.layout))  # fmt: skip
+        hits = local_metric("likes_read_hot_pool_total", result="hit")
+        # the service polls /likes/hotpool/ every 0.5 s: the copy's count once it has seen it
+        wait_for(lambda: count_of(read_app, post) == (999, "aggregate"), timeout=10)
+        assert local_metric("likes_read_hot_pool_total", result="hit") > hits
+        assert count_of(read_app, cold) == (7, "aggregate")  # not hot: the count-cache
+        batch = read_app.post("/v1/posts/likes:batch", json={"post_ids": [cold, post]}).json()
+        assert [i["count"] for i in batch["items"]] == [7, 999]
+    finally:
+        etcd_put(stack, hotkeys.HOTPOOL_PREFIX + post, None)
+        for r in pools(stack):
+            r.delete(keys.count_key(post))
+    # the flag is gone: back to the count-cache
+    wait_for(lambda: count_of(read_app, post) == (41, "aggregate"), timeout=10)
+
+
+@pytest.mark.disruptive
+def test_a_down_hot_pool_falls_back_to_the_count_cache(stack: Stack, read_app: TestClient) -> None:
+    post = f"hotdown-{uuid.uuid4().hex[:8]}"
+    victim = hk_components.hot_pool_ports(stack.layout)[-1]
+    name = f"hot-pool-{hk_components.HOT_POOLS}"
+    try:
+        seed_hot_post(stack, post, source=41, copy=999, ports=[victim])
+        wait_for(lambda: count_of(read_app, post) == (999, "aggregate"), timeout=10)
+        stack.cli("local", "stop", name)
+        errors = local_metric("likes_read_hot_pool_total", result="error")
+        r = read_app.get(f"/v1/posts/{post}/likes")
+        body = r.json()
+        assert (body["count"], body["stale"], r.headers["x-read-tier"]) == (41, False, "aggregate")
+        assert local_metric("likes_read_hot_pool_total", result="error") == errors + 1
+    finally:
+        etcd_put(stack, hotkeys.HOTPOOL_PREFIX + post, None)
+        stack.up()
+        redis.Redis(host=stack.host, port=victim).delete(keys.count_key(post))
+
+
+def test_reads_are_mirrored_to_the_sampler(stack: Stack, read_app: TestClient) -> None:
+    post = f"mirrored-{uuid.uuid4().hex[:8]}"
+    sampler = f"http://{stack.host}:{hk_components.sampler_port(stack.layout)}"
+    received, sent = (
+        sampler_samples(sampler),
+        local_metric("likes_read_mirrored_total", result="sent"),
+    )
+    for _ in range(30):
+        assert read_app.get(f"/v1/posts/{post}/likes").status_code == 200
+    read_app.post("/v1/posts/likes:batch", json={"post_ids": [post] * 10})
+    # the mirror posts its batches in the background (every 0.1 s): the sampler counts them
+    wait_for(lambda: sampler_samples(sampler) >= received + 40, timeout=10)
+    assert local_metric("likes_read_mirrored_total", result="sent") >= sent + 40
+    top = httpx.get(f"{sampler}/v1/top", params={"k": 1000}, timeout=2).json()
+    assert post in {t["post_id"] for t in top}
+
+
+def test_heat_hints_survive_an_etcd_outage_for_the_grace_period_only(stack: Stack) -> None:
+    hot = f"heat-{uuid.uuid4().hex[:8]}"
+    clock = {"t": 0.0}
+    heat = EtcdHeat(stack.host, stack.etcd_port, timeout_s=1, clock=lambda: clock["t"])
+
+    async def refresh() -> None:
+        try:
+            await heat.refresh()
+        finally:
+            await heat.close()  # a client per event loop (asyncio.run)
+
+    etcd_put(stack, keys.HEAT_PREFIX + hot, b"hot")
+    try:
+        asyncio.run(refresh())
+        assert heat.ttl(hot) == HOT_TTL_S
+    finally:
+        etcd_put(stack, keys.HEAT_PREFIX + hot, None)
+    heat.port = free_port()  # etcd unreachable from here on
+    clock["t"] += hotkeys.GRACE_S
+    with pytest.raises(Exception):  # noqa: B017 - whatever aetcd raises for a dead server
+        asyncio.run(refresh())
+    assert heat.ttl(hot) == HOT_TTL_S  # the last good hints, for 5 minutes
+    clock["t"] += 1
+    assert heat.ttl(hot) == COLD_TTL_S  # then the defaults
+
+
+# -- on-call's CLI --------------------------------------------------------------------------------
+def cli_env(stack: Stack) -> dict[str, str]:
+    s = stack.settings()
+    return {"LIKES_ETCD_HOST": s.etcd_host, "LIKES_ETCD_PORT": str(s.etcd_port)}
+
+
+def test_cli_top_lists_the_hot_set_hottest_first_as_json(stack: Stack) -> None:
+    tag = uuid.uuid4().hex[:8]
+    # rates below any enter rate: the operator leaves them alone
+    hi, lo, split_only = f"top-hi-{tag}", f"top-lo-{tag}", f"top-split-{tag}"
+    etcd_put(stack, keys.HOTKEYS_PREFIX + hi, hotkeys.encode_hot(90.0, 0))
+    etcd_put(stack, keys.HOTKEYS_PREFIX + lo, hotkeys.encode_hot(30.0, 0))
+    etcd_put(stack, keys.HEAT_PREFIX + hi, b"hot")
+    etcd_put(stack, keys.SPLIT_PREFIX + split_only, hotkeys.SplitFlag(4, "manual", 0).encode())
+    try:
+        result = CliRunner().invoke(
+            hotkeys_cli.app, ["top", "--json", "--limit", "1000"], env=cli_env(stack)
+        )
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.output)
+        mine = [r for r in rows if r["post_id"].endswith(tag)]
+        assert mine == [
+            {"post_id": hi, "rate": 90.0, "heat": "hot", "split": None, "hot_pools": []},
+            {"post_id": lo, "rate": 30.0, "heat": None, "split": None, "hot_pools": []},
+            {"post_id": split_only, "rate": None, "heat": None,
+             "split": {"factor": 4, "by": "manual"}, "hot_pools": []},
+        ]  # fmt: skip
+        rates = [r["rate"] or 0.0 for r in rows]
+        assert rates == sorted(rates, reverse=True)
+        limited = CliRunner().invoke(
+            hotkeys_cli.app, ["top", "--json", "-n", "1"], env=cli_env(stack)
+        )
+        assert len(json.loads(limited.output)) == 1
+        table = CliRunner().invoke(hotkeys_cli.app, ["top"], env=cli_env(stack))
+        assert table.exit_code == 0 and "rate/s" in table.output
+    finally:
+        for key in (keys.HOTKEYS_PREFIX + hi, keys.HOTKEYS_PREFIX + lo, keys.HEAT_PREFIX + hi,
+                    keys.SPLIT_PREFIX + split_only):  # fmt: skip
+            etcd_put(stack, key, None)
+
+
+def test_cli_mutations_change_etcd_only_when_confirmed(stack: Stack) -> None:
+    post, env = f"confirm-{uuid.uuid4().hex[:8]}", cli_env(stack)
+    key = keys.SPLIT_PREFIX + post
+    try:
+        declined = CliRunner().invoke(hotkeys_cli.app, ["split", post], input="n\n", env=env)
+        assert declined.exit_code == 1 and "Aborted" in declined.output
+        assert etcd_get(stack, key) is None
+
+        accepted = CliRunner().invoke(
+            hotkeys_cli.app, ["split", post, "--factor", "4"], input="y\n", env=env
+        )
+        assert accepted.exit_code == 0, accepted.output
+        flag = hotkeys.decode_split(etcd_get(stack, key) or b"")
+        assert flag is not None and (flag.factor, flag.by) == (4, "manual")
+
+        kept = CliRunner().invoke(hotkeys_cli.app, ["unsplit", post], input="n\n", env=env)
+        assert kept.exit_code == 1
+        assert etcd_get(stack, key) is not None
+
+        forced = CliRunner().invoke(hotkeys_cli.app, ["split", post, "--yes", "--json"], env=env)
+        assert json.loads(forced.output) == {
+            "post_id": post,
+            "split": {"factor": 8, "by": "manual"},
+        }
+        shown = CliRunner().invoke(hotkeys_cli.app, ["show", post, "--json"], env=env)
+        assert json.loads(shown.output)["split"] == {"factor": 8, "by": "manual"}
+
+        removed = CliRunner().invoke(hotkeys_cli.app, ["unsplit", post, "-y", "--json"], env=env)
+        assert json.loads(removed.output) == {"post_id": post, "removed": True}
+        assert etcd_get(stack, key) is None
+        again = CliRunner().invoke(hotkeys_cli.app, ["unsplit", post, "-y", "--json"], env=env)
+        assert json.loads(again.output) == {"post_id": post, "removed": False}
+    finally:
+        etcd_put(stack, key, None)

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import pytest
 
-from operators.hotkeys.decisions import HotEntry, decide
+from operators.hotkeys.decisions import HotEntry, Plan, decide
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from services.contracts import hotkeys
 
 P = Policy(enter_rate=100, exit_rate=50, split_rate=400, max_hot_keys=3, cooldown_s=30)
 
 
-def run(observations: list[dict[str, float]], policy: Policy = P, step: float = 1.0):
+def run(
+    observations: Sequence[Mapping[str, float]], policy: Policy = P, step: float = 1.0
+) -> list[Plan]:
     """Feed one observation per tick; return every plan."""
     state: dict[str, HotEntry] = {}
     plans = []
     for i, obs in enumerate(observations):
-        plan = decide(policy, obs, state, now=i * step)
+        plan = decide(policy, dict(obs), state, now=i * step)
         state = plan.state
         plans.append(plan)
     return plans
@@ -128,7 +132,8 @@ def test_split_flag_values():
     flag = hotkeys.SplitFlag(8, "manual", 5)
     assert hotkeys.decode_split(flag.encode()) == flag
     assert hotkeys.decode_split(b"4") == hotkeys.SplitFlag(4, "manual", 0)
-    assert hotkeys.decode_split(b"99").factor == 8  # clamped to the aggregator's shards
+    # clamped to the aggregator's shards
+    assert hotkeys.decode_split(b"99") == hotkeys.SplitFlag(8, "manual", 0)
     assert hotkeys.decode_split(b"garbage") is None
     assert hotkeys.decode_hot(hotkeys.encode_hot(12.34, 1)) == 12.3
     assert hotkeys.decode_hot(b"{") == 0.0
