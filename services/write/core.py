@@ -323,16 +323,24 @@ class LikeWriter:
         self, fut: Future[None], user_id: str, event_id: str, bucket: int, oshard: int,
         created: datetime,
     ) -> None:  # fmt: skip
-        """Once Kafka has the event, the outbox row and its marker are done with."""
+        """Once Kafka has the event, the outbox row and its marker are done with.
+
+        Runs on the producer's poll thread, which serves every delivery: fire the deletes
+        asynchronously so one slow round trip does not hold up the other writes' acks."""
         if fut.exception() is not None:
             return
-        try:
-            self.session.execute(self.q.delete_outbox, (user_id, event_id))
-            self.session.execute(
-                self.q.delete_marker, (bucket, oshard, created, uuid.UUID(event_id))
-            )
-        except CASSANDRA_ERRORS as e:  # harmless: the relay sees the row published... or not
+
+        def failed(e: BaseException) -> None:  # harmless: the relay republishes, consumers dedup
             log.warning("outbox cleanup failed", extra={"fields": {"error": str(e)}})
+
+        try:
+            for stmt, args in (
+                (self.q.delete_outbox, (user_id, event_id)),
+                (self.q.delete_marker, (bucket, oshard, created, uuid.UUID(event_id))),
+            ):
+                self.session.execute_async(stmt, args).add_errback(failed)
+        except CASSANDRA_ERRORS as e:
+            failed(e)
 
     def has_liked(self, user_id: str, post_id: str) -> bool:
         row = self.session.execute(self.q.edge_state, (user_id, post_id)).one()
