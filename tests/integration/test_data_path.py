@@ -7,13 +7,12 @@ import concurrent.futures as cf
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 from cassandra.cluster import Session
 
 from services.client import LikesClient
-from services.contracts import auth, clients
+from services.contracts import auth
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -22,13 +21,6 @@ pytestmark = pytest.mark.stack
 @pytest.fixture(scope="module")
 def api(stack: Stack) -> LikesClient:
     return LikesClient(stack.service_url("write"), stack.service_url("read"), attempts=8)
-
-
-@pytest.fixture(scope="module")
-def cql(stack: Stack) -> Iterator[Session]:
-    cluster, session = clients.cassandra(stack.settings())
-    yield session
-    cluster.shutdown()
 
 
 def liked_edges(cql: Session, pairs: list[tuple[str, str]]) -> Counter[str]:

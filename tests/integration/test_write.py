@@ -10,7 +10,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -19,23 +18,9 @@ from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
 
 from services.contracts import auth, clients, events, keys
-from services.write.main import create_app
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
-
-
-@pytest.fixture(scope="module")
-def app_client(stack: Stack) -> Iterator[TestClient]:
-    with TestClient(create_app(stack.settings())) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def cql(stack: Stack) -> Iterator[Session]:
-    cluster, session = clients.cassandra(stack.settings())
-    yield session
-    cluster.shutdown()
 
 
 def token(stack: Stack, user: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,25 +15,10 @@ from fastapi.testclient import TestClient
 from services.contracts import clients
 from services.relay.core import OutboxRelay
 from services.write.core import Publisher
-from services.write.main import create_app
 from tests.conftest import Stack
 from tests.integration.test_write import edge_state, events_for, outbox_rows, post_like
 
 pytestmark = [pytest.mark.stack, pytest.mark.disruptive]
-
-
-@pytest.fixture(scope="module")
-def app_client(stack: Stack) -> Iterator[TestClient]:
-    with TestClient(create_app(stack.settings())) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def cql(stack: Stack) -> Iterator[Session]:
-    # the services' own client: reconnects within seconds once Cassandra is back
-    cluster, session = clients.cassandra(stack.settings())
-    yield session
-    cluster.shutdown()
 
 
 def wait_for_cql(cql: Session, timeout: float = 60) -> None:
