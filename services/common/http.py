@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,6 +41,9 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
 
 
+_tracer = trace.get_tracer("likes.http")  # a proxy: follows the provider set at start-up
+
+
 class RedMetrics:
     """Rate, errors and duration per route template: a pure ASGI middleware (Starlette's
     BaseHTTPMiddleware costs a task and a stream per request on the hottest path we have)."""
@@ -62,13 +66,22 @@ class RedMetrics:
                 status = message["status"]
             await send(message)
 
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            # the router records the matched route in the scope; unmatched paths have none
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            DURATION.labels(self.service, route).observe(time.perf_counter() - t0)
-            REQUESTS.labels(self.service, route, str(status)).inc()
+        # a no-op span unless observability.setup_tracing installed an exporter
+        with _tracer.start_as_current_span(f"{scope['method']} {scope['path']}") as span:
+            try:
+                await self.app(scope, receive, send_status)
+            finally:
+                # the router records the matched route in the scope; unmatched paths have none
+                route = getattr(scope.get("route"), "path", None) or "unmatched"
+                DURATION.labels(self.service, route).observe(time.perf_counter() - t0)
+                REQUESTS.labels(self.service, route, str(status)).inc()
+                if span.is_recording():
+                    span.update_name(f"{scope['method']} {route}")
+                    span.set_attribute("http.route", route)
+                    span.set_attribute("http.response.status_code", status)
+                    span.set_attribute("likes.service", self.service)
+                    if status >= 500:
+                        span.set_status(trace.Status(trace.StatusCode.ERROR))
 
 
 def install(
