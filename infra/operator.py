@@ -181,7 +181,7 @@ class Operator(pulumi.ComponentResource):
                                     "--standalone",
                                     f"--liveness={health}",
                                     "-m",
-                                    "operators.hotkeys",
+                                    "operators.hotkeys.handlers",  # the Kopf wiring
                                 ],
                                 env=[
                                     *kx.env({**args.environment, "PYTHONDONTWRITEBYTECODE": "1"}),

@@ -46,7 +46,7 @@ def service_specs(scales: Mapping[str, ServiceScale]) -> list[ServiceSpec]:
     def worker(module: str) -> tuple[str, ...]:
         return ("python", "-m", module, "--port", str(METRICS_PORT))
 
-    # The sampler and the abuse scorer are not written yet: their module names are placeholders.
+    # The abuse scorer is not written yet: its module name is a placeholder.
     entry = {
         "write-svc": (asgi("services.write.main"), True, "write"),
         "read-svc": (asgi("services.read.main"), True, "read"),

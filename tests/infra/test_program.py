@@ -283,3 +283,30 @@ def test_schema_registry_forward_and_registers_repository_schemas(
     (job,) = [j for j in by_kind(plans[stack], "Job") if j.name == "schema-registry-register"]
     script = job.inputs["spec"]["template"]["spec"]["containers"][0]["command"][-1]
     assert '"compatibility": "FORWARD"' in script
+
+
+def test_operator_runs_the_kopf_wiring_module() -> None:
+    """The Deployment must import the module that registers the handlers, or Kopf runs idle."""
+    import importlib
+
+    import kopf
+
+    from infra.plan import run
+
+    plan = run("staging")
+    commands = [
+        c["command"]
+        for r in plan.resources
+        if r.type == "kubernetes:apps/v1:Deployment" and "operator" in r.name
+        for c in r.inputs["spec"]["template"]["spec"]["containers"]
+        if c.get("command", [None])[0] == "kopf"
+    ]
+    assert commands, "no kopf container in the operator Deployment"
+    module = commands[0][commands[0].index("-m") + 1]
+    importlib.import_module(module)
+    registry = kopf.get_default_registry()
+    handlers = [
+        *registry._spawning.get_all_handlers(),  # timers and daemons
+        *registry._changing.get_all_handlers(),
+    ]
+    assert any(h.fn.__module__ == module for h in handlers), f"{module} registers no handler"
