@@ -40,12 +40,16 @@ class OutboxRelay:
         publisher: Publisher,
         *,
         stale_marker_s: float = 30.0,
+        min_age_s: float = 3.0,
         batch: int = 500,
         publish_wait_s: float = 5.0,
     ) -> None:
         self.session = session
         self.publisher = publisher
         self.stale_marker_s = stale_marker_s
+        # a younger row is most likely being published by its writer right now (it waits up to
+        # 2 s for the ack, then cleans up): leave it, or nearly every like goes out twice
+        self.min_age_s = min_age_s
         self.batch = batch
         self.publish_wait_s = publish_wait_s
         p = session.prepare
@@ -99,6 +103,8 @@ class OutboxRelay:
                         continue
                     res.pending += 1
                     oldest = created if oldest is None else min(oldest, created)
+                    if now - created < self.min_age_s:
+                        continue
                     fut = self.publisher.publish(row.topic, row.kafka_key, row.payload)
                     inflight.append((fut, m, bucket, shard))
                 for fut, m, b, s in inflight:
