@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
@@ -106,6 +107,9 @@ def producer(settings: Settings, **overrides: Any) -> Producer:
         "enable.idempotence": True,
         "linger.ms": 2,
         "compression.type": "lz4",
+        # librdkafka's own log lines go through Python logging (structured, leveled) instead
+        # of raw stderr, where a broker outage would print one line per retry
+        "logger": logging.getLogger("kafka.producer"),
     }
     conf.update(overrides)
     return Producer(conf)
