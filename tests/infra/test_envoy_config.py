@@ -404,7 +404,7 @@ def _throwaway_cert(tmp_path: Path) -> EnvoyParams:
     """Params whose cert, key and CA bundle exist: validate mode loads them."""
     openssl = shutil.which("openssl")
     if openssl is None:
-        pytest.fail("openssl is needed to make a throwaway certificate (local/setup.sh installs it)")
+        pytest.fail("openssl is needed for a throwaway certificate (local/setup.sh installs it)")
     subprocess.run(
         [
             *(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
