@@ -135,7 +135,12 @@ def test_retry_storm_with_one_key_is_applied_once(
         t.join()
     assert all(s == 202 for s, _ in results), results
     assert {b["state"] for _, b in results} == {"liked"}
-    assert sum(1 for _, b in results if b["changed"]) == 1
+    # the first answer is "changed"; a concurrent twin finds the intent row ("not changed") or,
+    # once the idem key is set, replays the first answer verbatim ("changed" again) — either way
+    # the like was applied once: one edge transition, one publication (below)
+    assert any(b["changed"] for _, b in results)
+    assert all(b["intent_uuid"] == key for _, b in results)
+    assert edge_state(cql, user, post) == "liked"
     evs = once(events_for(stack, {key}, want=1, timeout=15))
     assert len(evs) == 1
 
