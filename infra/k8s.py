@@ -161,6 +161,14 @@ def secret_env(name: str, secret: str, key: str) -> core.EnvVarArgs:
     )
 
 
+def rolling_update() -> k8s.apps.v1.DeploymentStrategyArgs:
+    """Never fewer ready pods than wanted during a rollout; a quarter more at most."""
+    return k8s.apps.v1.DeploymentStrategyArgs(
+        type="RollingUpdate",
+        rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(max_unavailable=0, max_surge="25%"),
+    )
+
+
 def pdb(
     name: str,
     namespace: str,

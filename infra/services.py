@@ -126,12 +126,7 @@ class Services(pulumi.ComponentResource):
             metadata=kx.meta(spec.name, ns, lbls),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
-                strategy=k8s.apps.v1.DeploymentStrategyArgs(
-                    type="RollingUpdate",
-                    rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(
-                        max_unavailable=0, max_surge="25%"
-                    ),
-                ),
+                strategy=kx.rolling_update(),
                 template=kx.core.PodTemplateSpecArgs(
                     metadata=kx.meta_v1.ObjectMetaArgs(
                         labels=lbls,

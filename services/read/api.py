@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from services.common.http import ApiError, error_body
-from services.contracts import auth
+from services.contracts import auth, keys
 from services.contracts.settings import Settings
 from services.read.core import CountView, Reader
 from services.read.heat import HOT_TTL_S, HeatSource
@@ -17,8 +17,7 @@ from services.read.metrics import DEGRADED
 
 router = APIRouter(prefix="/v1", tags=["likes"])
 
-# the write service's post id rule: ':' is reserved for split sub-keys, braces would break hash tags
-POST_ID = r"^[A-Za-z0-9_.\-]{1,128}$"
+POST_ID = keys.POST_ID_PATTERN
 MAX_BATCH = 50
 PRIVATE = "private, no-store"
 

@@ -18,7 +18,6 @@ from typing import Any
 from cassandra import ConsistencyLevel
 from cassandra import Unavailable as CassandraUnavailable
 from cassandra.cluster import Cluster, ResponseFuture, Session
-from cassandra.policies import ExponentialReconnectionPolicy
 from cassandra.query import PreparedStatement
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
@@ -179,8 +178,6 @@ class CassandraStore:
 
     def _connect(self) -> None:
         cluster, session = clients.cassandra(self.settings, request_timeout=self.timeout_s)
-        # the driver's default backs off to 10 minutes; a read replica wants its store back soon
-        cluster.reconnection_policy = ExponentialReconnectionPolicy(0.5, 5.0)
         q_sum = session.prepare("SELECT value, reactions FROM counter_cells WHERE post_id = ?")
         # counts are approximate by design: any one replica will do
         q_sum.consistency_level = ConsistencyLevel.LOCAL_ONE

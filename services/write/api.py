@@ -12,13 +12,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.http import ApiError
-from services.contracts import auth
+from services.contracts import auth, keys
 from services.write import core
 
 router = APIRouter(prefix="/v1", tags=["likes"])
 
-# ':' is reserved for sub-keys of split posts (post_id:n); braces would break Redis hash tags
-POST_ID = r"^[A-Za-z0-9_.\-]{1,128}$"
+POST_ID = keys.POST_ID_PATTERN
 MAX_BODY_BYTES = 4096
 
 
