@@ -18,7 +18,7 @@ from pydantic.alias_generators import to_camel
 
 NAMESPACE = "likes"
 # Keys whose values must be Pulumi config secrets (`pulumi config set --secret`).
-SECRET_FIELDS = frozenset({"redisPassword", "pagerdutyRoutingKey"})
+SECRET_FIELDS = frozenset({"redisPassword", "pagerdutyRoutingKey", "cdnPurgeToken"})
 # Any other key whose name looks like one of these is a secret put in the wrong place.
 _SECRETISH = re.compile(r"(password|passwd|secret|token|api[_-]?key|private[_-]?key)", re.I)
 # EKS versions this program is written and validated for (kubernetes-validate ships their schemas).
@@ -150,6 +150,7 @@ class GatewayConfig(_Model):
     mirror_percent: Annotated[float, Field(gt=0, le=100)] = 1.0
     jwt_issuer: str
     jwks_uri: Annotated[str, Field(pattern=r"^https://")]
+    jwt_audience: str = "likes"  # the `aud` the gateway and the services require
 
 
 class CdnConfig(_Model):
@@ -173,7 +174,6 @@ class ServicesConfig(_Model):
     read: ServiceScale
     outbox_relay: ServiceScale
     aggregator: ServiceScale
-    abuse_scorer: ServiceScale
     hotkey_sampler: ServiceScale
     operator_image: str
 
@@ -206,6 +206,8 @@ class StackConfig(_Model):
     services: ServicesConfig
     observability: ObservabilityConfig
     redis_password: SecretStr
+    # a Cloudflare API token allowed to purge the zone's cache by tag (the aggregator's purger)
+    cdn_purge_token: SecretStr
     pagerduty_routing_key: SecretStr | None = None
 
     @model_validator(mode="after")

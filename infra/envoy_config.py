@@ -123,14 +123,21 @@ from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
 from envoy_data_plane.envoy.type.v3 import FractionalPercent, FractionalPercentDenominatorType
 from envoy_data_plane.google.protobuf import Any, Empty, Struct, Value
 
+from services.contracts import routes
+
 __all__ = [
     "BATCH_READ_PATH",
     "IP_DESCRIPTOR_KEY",
+    "JWKS_CLUSTER",
     "JWT_PROVIDER",
     "MIRROR_RUNTIME_KEY",
+    "RATELIMIT_CLUSTER",
+    "READ_CLUSTER",
     "READ_PATH_REGEX",
     "ROUTE_DESCRIPTOR_KEY",
+    "SAMPLER_CLUSTER",
     "USER_DESCRIPTOR_KEY",
+    "WRITE_CLUSTER",
     "WRITE_DESCRIPTOR_VALUE",
     "WRITE_PATH",
     "EnvoyParams",
@@ -139,9 +146,10 @@ __all__ = [
     "ratelimit_service_config",
 ]
 
-WRITE_PATH = "/v1/likes"
-READ_PATH_REGEX = r"^/v1/posts/[^/]+/likes$"
-BATCH_READ_PATH = "/v1/posts/likes:batch"  # POST {"post_ids": [...]}: a feed page, ≤ 50 ids
+# the services' routes, defined once (services/contracts/routes.py)
+WRITE_PATH = routes.WRITE_PATH
+READ_PATH_REGEX = routes.READ_PATH_REGEX
+BATCH_READ_PATH = routes.BATCH_READ_PATH  # POST {"post_ids": [...]}: a feed page, ≤ 50 ids
 JWT_PROVIDER = "likes_idp"
 MIRROR_RUNTIME_KEY = "likes.reads.mirror_to_sampler"
 # Descriptor keys: the write route sends (route=likes_write, user_id=<sub>) and

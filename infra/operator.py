@@ -11,12 +11,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from operators.hotkeys import crd
+from services.contracts import workloads
 
-GROUP = "likes.io"
-VERSION = "v1"
-KIND = "HotKeyPolicy"
-PLURAL = "hotkeypolicies"
-HEALTH_PORT = 8080
+GROUP, VERSION, KIND, PLURAL = crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL
+WORKLOAD = workloads.HOTKEY_OPERATOR
 
 
 @dataclass(frozen=True)
@@ -24,49 +23,7 @@ class OperatorArgs:
     namespace: str
     image: str
     hot_pools: int
-    environment: Mapping[str, str]
-
-
-def hotkeypolicy_schema(hot_pools: int) -> dict[str, Any]:
-    """OpenAPI v3 schema of HotKeyPolicy.spec: what counts as hot and what to do about it."""
-    return {
-        "type": "object",
-        "required": ["spec"],
-        "properties": {
-            "spec": {
-                "type": "object",
-                "required": ["hotThresholdQps", "replicas", "keySplitShards", "cdnTtlSeconds"],
-                "properties": {
-                    "hotThresholdQps": {"type": "integer", "minimum": 1},
-                    "coolDownSeconds": {"type": "integer", "minimum": 0, "default": 300},
-                    # Hot counts are copied into this many of the hot pools.
-                    "replicas": {"type": "integer", "minimum": 1, "maximum": hot_pools},
-                    "keySplitShards": {"type": "integer", "minimum": 1, "maximum": 64},
-                    "cdnTtlSeconds": {
-                        "type": "object",
-                        "required": ["hot", "cold"],
-                        "properties": {
-                            "hot": {"type": "integer", "minimum": 1, "maximum": 30},
-                            "cold": {"type": "integer", "minimum": 1, "maximum": 30},
-                        },
-                    },
-                    "etcdPrefix": {"type": "string", "pattern": "^/", "default": "/likes/"},
-                },
-            },
-            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-        },
-    }
-
-
-def default_policy(hot_pools: int) -> dict[str, Any]:
-    return {
-        "hotThresholdQps": 50000,
-        "coolDownSeconds": 300,
-        "replicas": hot_pools,
-        "keySplitShards": 8,
-        "cdnTtlSeconds": {"hot": 5, "cold": 30},
-        "etcdPrefix": "/likes/",
-    }
+    env: Mapping[str, object]  # rendered from the operator's settings class (program.py)
 
 
 class Operator(pulumi.ComponentResource):
@@ -78,18 +35,21 @@ class Operator(pulumi.ComponentResource):
         super().__init__("likes:infra:Operator", name, None, opts)
         ns = args.namespace
         child = pulumi.ResourceOptions(parent=self)
-        lbls = kx.labels("hotkey-operator", "operator", "app")
-        match = kx.selector("hotkey-operator")
+        lbls = kx.labels(WORKLOAD.name, "operator", "app")
+        match = kx.selector(WORKLOAD.name)
         ext = k8s.apiextensions.v1
-        self.crd_name = f"{PLURAL}.{GROUP}"
-        crd = ext.CustomResourceDefinition(
+        self.crd_name = crd.NAME
+        definition = ext.CustomResourceDefinition(
             f"{name}-crd",
             metadata=kx.meta_v1.ObjectMetaArgs(name=self.crd_name, labels=lbls),
             spec=ext.CustomResourceDefinitionSpecArgs(
                 group=GROUP,
                 scope="Namespaced",
                 names=ext.CustomResourceDefinitionNamesArgs(
-                    kind=KIND, plural=PLURAL, singular="hotkeypolicy", short_names=["hkp"]
+                    kind=KIND,
+                    plural=PLURAL,
+                    singular=crd.SINGULAR,
+                    short_names=list(crd.SHORT_NAMES),
                 ),
                 versions=[
                     ext.CustomResourceDefinitionVersionArgs(
@@ -98,7 +58,7 @@ class Operator(pulumi.ComponentResource):
                         storage=True,
                         schema=ext.CustomResourceValidationArgs(
                             # Plain JSON Schema: passed through exactly as written.
-                            open_apiv3_schema=cast(Any, hotkeypolicy_schema(args.hot_pools))
+                            open_apiv3_schema=cast(Any, crd.spec_schema(args.hot_pools))
                         ),
                         subresources=ext.CustomResourceSubresourcesArgs(status={}),
                     )
@@ -108,14 +68,14 @@ class Operator(pulumi.ComponentResource):
         )
         k8s.apiextensions.CustomResource(
             f"{name}-default-policy",
-            api_version=f"{GROUP}/{VERSION}",
+            api_version=crd.API_VERSION,
             kind=KIND,
             metadata=kx.meta("default", ns, lbls),
-            spec=default_policy(args.hot_pools),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[crd]),
+            spec=crd.default_spec(args.hot_pools),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[definition]),
         )
         k8s.core.v1.ServiceAccount(
-            "hotkey-operator", metadata=kx.meta("hotkey-operator", ns, lbls), opts=child
+            WORKLOAD.name, metadata=kx.meta(WORKLOAD.name, ns, lbls), opts=child
         )
         rbac = k8s.rbac.v1
         rules = [
@@ -137,28 +97,25 @@ class Operator(pulumi.ComponentResource):
             ),
         ]
         rbac.ClusterRole(
-            "likes-hotkey-operator",
-            metadata=kx.meta("likes-hotkey-operator", None, lbls),
+            f"likes-{WORKLOAD.name}",
+            metadata=kx.meta(f"likes-{WORKLOAD.name}", None, lbls),
             rules=rules,
             opts=child,
         )
         rbac.ClusterRoleBinding(
-            "likes-hotkey-operator",
-            metadata=kx.meta("likes-hotkey-operator", None, lbls),
+            f"likes-{WORKLOAD.name}",
+            metadata=kx.meta(f"likes-{WORKLOAD.name}", None, lbls),
             role_ref=rbac.RoleRefArgs(
                 api_group="rbac.authorization.k8s.io",
                 kind="ClusterRole",
-                name="likes-hotkey-operator",
+                name=f"likes-{WORKLOAD.name}",
             ),
-            subjects=[
-                rbac.SubjectArgs(kind="ServiceAccount", name="hotkey-operator", namespace=ns)
-            ],
+            subjects=[rbac.SubjectArgs(kind="ServiceAccount", name=WORKLOAD.name, namespace=ns)],
             opts=child,
         )
-        health = f"http://0.0.0.0:{HEALTH_PORT}/healthz"
         k8s.apps.v1.Deployment(
-            "hotkey-operator",
-            metadata=kx.meta("hotkey-operator", ns, lbls),
+            WORKLOAD.name,
+            metadata=kx.meta(WORKLOAD.name, ns, lbls),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=1,
                 # Never two operators acting on the same hot-key set at once.
@@ -167,41 +124,31 @@ class Operator(pulumi.ComponentResource):
                 template=kx.core.PodTemplateSpecArgs(
                     metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
                     spec=kx.core.PodSpecArgs(
-                        service_account_name="hotkey-operator",
+                        service_account_name=WORKLOAD.name,
                         security_context=kx.pod_security(),
                         node_selector=kx.node_selector("system"),
                         containers=[
                             kx.core.ContainerArgs(
                                 name="operator",
                                 image=args.image,
-                                command=[
-                                    "kopf",
-                                    "run",
-                                    "--all-namespaces",
-                                    "--standalone",
-                                    f"--liveness={health}",
-                                    "-m",
-                                    "operators.hotkeys.handlers",  # the Kopf wiring
-                                ],
-                                env=[
-                                    *kx.env({**args.environment, "PYTHONDONTWRITEBYTECODE": "1"}),
-                                    # It writes hot counts into the hot pools (Redis AUTH).
-                                    kx.secret_env("REDIS_PASSWORD", "redis-auth", "password"),
-                                ],
+                                command=WORKLOAD.command(),
+                                env=kx.env({**args.env, "PYTHONDONTWRITEBYTECODE": "1"}),
                                 ports=[
                                     kx.core.ContainerPortArgs(
-                                        name="health", container_port=HEALTH_PORT
+                                        name="health", container_port=WORKLOAD.port
                                     )
                                 ],
                                 resources=kx.resources("200m", "256Mi", cpu_limit="1"),
-                                liveness_probe=kx.http_probe("/healthz", HEALTH_PORT, delay=10),
-                                readiness_probe=kx.http_probe("/healthz", HEALTH_PORT),
+                                liveness_probe=kx.http_probe(
+                                    workloads.HEALTH_PATH, WORKLOAD.port, delay=10
+                                ),
+                                readiness_probe=kx.http_probe(WORKLOAD.ready_path, WORKLOAD.port),
                                 security_context=kx.security(),
                             )
                         ],
                     ),
                 ),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[crd]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[definition]),
         )
         self.register_outputs({"crd_name": self.crd_name})

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import pulumi
 
 from infra import (
@@ -23,6 +25,8 @@ from infra import (
     scylla,
     services,
 )
+from infra import k8s as kx
+from services.contracts import workloads
 
 
 def main() -> None:
@@ -156,19 +160,22 @@ def main() -> None:
             providers=[eks.provider], depends_on=[ns[platform.NS_OBSERVABILITY]]
         ),
     )
-    environment = {
-        "LIKES_REGION": cfg.region,
-        "LIKES_ENVIRONMENT": cfg.environment,
-        "KAFKA_BOOTSTRAP": spine.bootstrap_servers,
-        "SCHEMA_REGISTRY_URL": registry.url,
-        "COUNT_CACHE_SEEDS": store.count_cache_seeds,
-        "IDEM_STORE_SEEDS": store.idem_store_seeds,
-        "HOT_POOLS": ",".join(store.hot_pool_endpoints),
-        "ETCD_ENDPOINTS": config_store.client_endpoint,
-        "CQL_CONTACT_POINTS": edge_store.contact_points,
-        "CQL_LOCAL_DC": edge_store.datacenter,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": obs.otlp_endpoint,
-    }
+    env = workload_env(
+        cfg,
+        {
+            "count_cache_nodes": store.count_cache_seeds,
+            "idem_store_nodes": store.idem_store_seeds,
+            "cassandra_hosts": edge_store.contact_points,
+            "cassandra_port": scylla.CQL_PORT,
+            "cassandra_local_dc": edge_store.datacenter,
+            "kafka_bootstrap": spine.bootstrap_servers,
+            "schema_registry_url": registry.url,
+            "etcd_host": config_store.client_host,
+            "etcd_port": config_store.client_port,
+            "otlp_endpoint": obs.otlp_endpoint,
+        },
+        hot_pools=store.hot_pool_endpoints,
+    )
     apps = services.Services(
         "services",
         services.ServicesArgs(
@@ -180,16 +187,16 @@ def main() -> None:
             image=image,
             services=services.service_specs(
                 {
-                    "write": cfg.services.write,
-                    "read": cfg.services.read,
-                    "hotkey_sampler": cfg.services.hotkey_sampler,
-                    "outbox_relay": cfg.services.outbox_relay,
-                    "aggregator": cfg.services.aggregator,
-                    "abuse_scorer": cfg.services.abuse_scorer,
-                }
+                    workloads.WRITE.name: cfg.services.write,
+                    workloads.READ.name: cfg.services.read,
+                    workloads.HOTKEY_SAMPLER.name: cfg.services.hotkey_sampler,
+                    workloads.OUTBOX_RELAY.name: cfg.services.outbox_relay,
+                    workloads.AGGREGATOR.name: cfg.services.aggregator,
+                },
+                env,
             ),
-            environment=environment,
             redis_password=secret_password,
+            cdn_purge_token=pulumi.Output.secret(cfg.cdn_purge_token.get_secret_value()),
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_APPS]]),
     )
@@ -199,7 +206,7 @@ def main() -> None:
             namespace=platform.NS_APPS,
             image=cfg.services.operator_image,
             hot_pools=cfg.redis.hot_pools,
-            environment=environment,
+            env=env[workloads.HOTKEY_OPERATOR.name],
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[apps]),
     )
@@ -216,9 +223,10 @@ def main() -> None:
             mirror_percent=g.mirror_percent,
             jwt_issuer=g.jwt_issuer,
             jwks_uri=g.jwks_uri,
-            write_upstream=apps.upstreams["write-svc"],
-            read_upstream=apps.upstreams["read-svc"],
-            sampler_upstream=apps.upstreams["hotkey-sampler"],
+            jwt_audience=g.jwt_audience,
+            write_upstream=apps.upstreams[workloads.WRITE.name],
+            read_upstream=apps.upstreams[workloads.READ.name],
+            sampler_upstream=apps.upstreams[workloads.HOTKEY_SAMPLER.name],
             depends_on=plat.operators,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_EDGE]]),
@@ -240,3 +248,33 @@ def main() -> None:
     pulumi.export("kafka_topics", spine.topics)
     pulumi.export("schema_registry_url", registry.url)
     pulumi.export("schema_subjects", registry.subjects)
+
+
+def workload_env(
+    cfg: config.StackConfig, endpoints: Mapping[str, object], hot_pools: Sequence[str]
+) -> dict[str, dict[str, object]]:
+    """Each workload's env, rendered from its settings class (the names are defined there, and
+    a name the class does not have fails here, at plan time)."""
+    g = cfg.gateway
+    common: dict[str, object] = {
+        "env": cfg.environment,
+        "region": cfg.region,
+        **endpoints,
+        "redis_password": kx.SecretRef(services.AUTH_SECRET, "password"),
+        "jwks_url": g.jwks_uri,
+        "jwt_issuer": g.jwt_issuer,
+        "jwt_audience": g.jwt_audience,
+    }
+    extra: dict[str, dict[str, object]] = {
+        workloads.HOTKEY_SAMPLER.name: {"sampler_mirror_percent": g.mirror_percent},
+        workloads.AGGREGATOR.name: {
+            "cdn_purger": "cloudflare",
+            "cloudflare_zone_id": cfg.cdn.zone_id,
+            "cloudflare_api_token": kx.SecretRef(services.CDN_PURGE_SECRET, "token"),
+        },
+        workloads.HOTKEY_OPERATOR.name: {"hot_pools": ",".join(hot_pools)},
+    }
+    return {
+        w.name: w.settings_class().render_env({**common, **extra.get(w.name, {})})
+        for w in workloads.ALL
+    }

@@ -17,6 +17,7 @@ from infra import k8s as kx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CQL_DIR = REPO_ROOT / "services" / "schema" / "cql"
 CQL_MOUNT = "/schema/cql"
+CQL_PORT = 9042  # the native protocol port clients connect to
 
 # Runs inside the services image (the repository is installed there): the one applier the
 # local stack uses too, so production applies exactly the statements the tests ran.

@@ -1,4 +1,4 @@
-"""Our services (write, read, hot-key sampler, outbox relay, aggregator, abuse scorer): Deployments,
+"""Our services (write, read, hot-key sampler, outbox relay, aggregator): Deployments,
 Services, HPAs, PDBs, ServiceAccounts, and the NetworkPolicies that decide who reaches what."""
 
 from __future__ import annotations
@@ -11,18 +11,27 @@ import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
 from infra.config import ServiceScale
+from services.contracts import workloads
 
-HTTP_PORT = 8080
-METRICS_PORT = 9100
+HTTP_PORT = workloads.HTTP_PORT
+METRICS_PORT = workloads.OPS_PORT
 AUTH_SECRET = "redis-auth"
+CDN_PURGE_SECRET = "cdn-purge"  # key `token`: the aggregator purges the CDN with it
 
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    name: str  # also the Deployment/Service name and app label
-    command: tuple[str, ...]  # inside the services image
-    http: bool  # serves HTTP behind the gateway (else a Kafka worker)
+    workload: workloads.Workload  # name, command, port and probes: the one definition
     scale: ServiceScale
+    env: Mapping[str, object]  # LIKES_* name -> value or kx.SecretRef, rendered from settings
+
+    @property
+    def name(self) -> str:
+        return self.workload.name
+
+    @property
+    def http(self) -> bool:
+        return self.workload.kind == "http"
 
 
 @dataclass(frozen=True)
@@ -34,28 +43,15 @@ class ServicesArgs:
     operators_namespace: str
     image: str
     services: Sequence[ServiceSpec]
-    environment: Mapping[str, str]  # endpoints every service reads (no secrets)
     redis_password: pulumi.Input[str]
+    cdn_purge_token: pulumi.Input[str]
 
 
-def service_specs(scales: Mapping[str, ServiceScale]) -> list[ServiceSpec]:
-    def asgi(module: str) -> tuple[str, ...]:
-        return ("uvicorn", "--factory", f"{module}:create_app", "--host", "0.0.0.0",
-                "--port", str(HTTP_PORT))  # fmt: skip
-
-    def worker(module: str) -> tuple[str, ...]:
-        return ("python", "-m", module, "--port", str(METRICS_PORT))
-
-    # The abuse scorer is not written yet: its module name is a placeholder.
-    entry = {
-        "write-svc": (asgi("services.write.main"), True, "write"),
-        "read-svc": (asgi("services.read.main"), True, "read"),
-        "hotkey-sampler": (asgi("services.hotkey_sampler.main"), True, "hotkey_sampler"),
-        "outbox-relay": (worker("services.relay"), False, "outbox_relay"),
-        "aggregator": (worker("services.aggregator"), False, "aggregator"),
-        "abuse-scorer": (worker("services.abuse"), False, "abuse_scorer"),
-    }
-    return [ServiceSpec(n, c, h, scales[key]) for n, (c, h, key) in entry.items()]
+def service_specs(
+    scales: Mapping[str, ServiceScale], env: Mapping[str, Mapping[str, object]]
+) -> list[ServiceSpec]:
+    """One spec per workload of the contract; `scales` and `env` are keyed by workload name."""
+    return [ServiceSpec(w, scales[w.name], env[w.name]) for w in workloads.SERVICES]
 
 
 def _ns_selector(ns: str) -> k8s.meta.v1.LabelSelectorArgs:
@@ -79,6 +75,13 @@ class Services(pulumi.ComponentResource):
             string_data={"password": args.redis_password},
             opts=child,
         )
+        k8s.core.v1.Secret(
+            f"{name}-cdn-purge",
+            metadata=kx.meta(CDN_PURGE_SECRET, ns, kx.labels("likes", "cdn-purge", "app")),
+            type="Opaque",
+            string_data={"token": args.cdn_purge_token},
+            opts=child,
+        )
         self.upstreams = {}
         for spec in args.services:
             self._service(spec, args)
@@ -97,13 +100,8 @@ class Services(pulumi.ComponentResource):
         if spec.http:
             # Headless: Envoy resolves every pod (STRICT_DNS) and ejects outliers itself.
             kx.headless_service(spec.name, ns, lbls, match, {"http": HTTP_PORT}, child)
-        env = [
-            *kx.env(
-                {**args.environment, "SERVICE_NAME": spec.name, "PYTHONDONTWRITEBYTECODE": "1"}
-            ),
-            kx.secret_env("REDIS_PASSWORD", AUTH_SECRET, "password"),
-        ]
-        command = list(spec.command)
+        env = kx.env({**spec.env, "PYTHONDONTWRITEBYTECODE": "1"})
+        command = spec.workload.command()
         memory = f"{spec.scale.memory_mi}Mi"
         container = kx.core.ContainerArgs(
             name=spec.name,
@@ -116,8 +114,8 @@ class Services(pulumi.ComponentResource):
                 )
             ],
             resources=kx.resources(spec.scale.cpu, memory, cpu_limit=_double(spec.scale.cpu)),
-            liveness_probe=kx.http_probe("/healthz", port, delay=5),
-            readiness_probe=kx.http_probe("/readyz", port, period=5),
+            liveness_probe=kx.http_probe(workloads.HEALTH_PATH, port, delay=5),
+            readiness_probe=kx.http_probe(spec.workload.ready_path, port, period=5),
             security_context=kx.security(),
             volume_mounts=[kx.mount("tmp", "/tmp")],
         )
@@ -133,7 +131,7 @@ class Services(pulumi.ComponentResource):
                         annotations={
                             "prometheus.io/scrape": "true",
                             "prometheus.io/port": str(port),
-                            "prometheus.io/path": "/metrics",
+                            "prometheus.io/path": workloads.METRICS_PATH,
                         },
                     ),
                     spec=kx.core.PodSpecArgs(

@@ -8,26 +8,22 @@ PermanentError (no retry can fix it), an etcd outage a TemporaryError (retried a
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import kopf
 
-from operators.hotkeys import hot_pools
+from operators.hotkeys import crd
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from operators.hotkeys.reconciler import EtcdUnavailable, Reconciler
-from services.contracts.settings import Settings
+from operators.hotkeys.settings import OperatorSettings
 
-GROUP, VERSION, PLURAL = "likes.example.com", "v1", "hotkeypolicies"
+GROUP, VERSION, PLURAL = crd.GROUP, crd.VERSION, crd.PLURAL  # what the program installs
 INTERVAL_S = 1.0
 RETRY_DELAY_S = 2.0
 
 
 def build_reconciler() -> Reconciler:
-    settings = Settings()
-    pools = hot_pools.HotPools(hot_pools.parse_addresses(os.environ.get("LIKES_HOT_POOLS", "")))
-    source = hot_pools.source_cluster(settings.count_cache_startup)
-    return Reconciler(settings.etcd_host, settings.etcd_port, source, pools)
+    return Reconciler.from_settings(OperatorSettings())
 
 
 @kopf.on.startup()

@@ -30,29 +30,33 @@ return 1
 """
 
 
-def source_cluster(nodes: Sequence[tuple[str, int]], timeout_s: float = 0.5) -> RedisCluster:
+def source_cluster(
+    nodes: Sequence[tuple[str, int]], timeout_s: float = 0.5, password: str | None = None
+) -> RedisCluster:
     return RedisCluster(
         startup_nodes=[ClusterNode(h, p) for h, p in nodes],
+        password=password,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         decode_responses=True,
     )
 
 
-def parse_addresses(raw: str) -> list[str]:
-    return [a.strip() for a in raw.split(",") if a.strip()]
-
-
 class HotPools:
-    def __init__(self, addresses: Sequence[str], timeout_s: float = 0.5) -> None:
-        self.addresses = list(addresses)
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        timeout_s: float = 0.5,
+        password: str | None = None,
+    ) -> None:
+        self.addresses = [f"{h}:{p}" for h, p in addresses]
         self.clients: list[Redis] = []
-        for a in self.addresses:
-            host, port = a.rsplit(":", 1)
+        for host, port in addresses:
             self.clients.append(
                 Redis(
                     host=host,
-                    port=int(port),
+                    port=port,
+                    password=password,
                     socket_timeout=timeout_s,
                     socket_connect_timeout=timeout_s,
                     decode_responses=True,

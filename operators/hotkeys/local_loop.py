@@ -11,16 +11,15 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 
 from prometheus_client import Counter, Gauge
 
-from operators.hotkeys import hot_pools
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from operators.hotkeys.reconciler import EtcdUnavailable, Reconciler
+from operators.hotkeys.settings import OperatorSettings
 from services.common import observability, worker_http
 from services.contracts import keys
-from services.contracts.settings import Settings
+from services.contracts.workloads import HOTKEY_OPERATOR as WORKLOAD
 
 log = logging.getLogger("hotkeys.operator")
 
@@ -44,18 +43,12 @@ async def read_policy(reconciler: Reconciler, current: Policy) -> Policy:
         return current
 
 
-async def run(interval_s: float, port: int) -> None:
-    settings = Settings()
-    observability.setup_logging("hotkey-operator", settings.log_level)
-    pools = hot_pools.HotPools(hot_pools.parse_addresses(os.environ.get("LIKES_HOT_POOLS", "")))
-    reconciler = Reconciler(
-        settings.etcd_host,
-        settings.etcd_port,
-        hot_pools.source_cluster(settings.count_cache_startup),
-        pools,
-    )
+async def run(interval_s: float, host: str, port: int) -> None:
+    settings = OperatorSettings()
+    observability.setup_logging(WORKLOAD.name, settings.log_level)
+    reconciler = Reconciler.from_settings(settings)
     state = {"passes": 0}
-    worker_http.serve("127.0.0.1", port, lambda: {"reconciled": state["passes"] > 0})
+    worker_http.serve(host, port, lambda: {"reconciled": state["passes"] > 0})
     policy = Policy()
     try:
         while True:
@@ -79,7 +72,8 @@ async def run(interval_s: float, port: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8600)
     parser.add_argument("--interval", type=float, default=0.25)
     args = parser.parse_args()
-    asyncio.run(run(args.interval, args.port))
+    asyncio.run(run(args.interval, args.host, args.port))

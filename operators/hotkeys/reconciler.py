@@ -21,8 +21,9 @@ import aetcd
 from redis.asyncio.cluster import RedisCluster
 
 from operators.hotkeys.decisions import HotEntry, Plan, decide
-from operators.hotkeys.hot_pools import HotPools
+from operators.hotkeys.hot_pools import HotPools, source_cluster
 from operators.hotkeys.policy import Policy
+from operators.hotkeys.settings import OperatorSettings
 from services.contracts import hotkeys, keys
 
 
@@ -76,6 +77,17 @@ class Reconciler:
         self.last_good: hotkeys.LastGood[dict[str, HotEntry]] = hotkeys.LastGood({}, grace_s, clock)
         self._restored = False
         self._etcd: aetcd.Client | None = None
+
+    @classmethod
+    def from_settings(cls, settings: OperatorSettings) -> Reconciler:
+        """The stores the settings name: etcd, the count-cache (the source) and the hot pools."""
+        auth = settings.redis_auth
+        return cls(
+            settings.etcd_host,
+            settings.etcd_port,
+            source_cluster(settings.count_cache_startup, password=auth),
+            HotPools(settings.hot_pool_addresses, password=auth),
+        )
 
     # -- etcd -------------------------------------------------------------------------------
     async def _client(self) -> aetcd.Client:

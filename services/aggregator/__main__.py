@@ -9,6 +9,7 @@ import threading
 from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
 from services.common import observability, worker_http
+from services.contracts import workloads
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,8 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     settings = AggregatorSettings()
-    log = observability.setup_logging("aggregator", settings.log_level)
-    observability.setup_tracing("aggregator", settings.otlp_endpoint)
+    log = observability.setup_logging(workloads.AGGREGATOR.name, settings.log_level)
+    observability.setup_tracing(workloads.AGGREGATOR.name, settings.otlp_endpoint)
     agg, cluster = build(settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -40,7 +40,9 @@ def consumer_config(s: AggregatorSettings, **overrides: Any) -> dict[str, Any]:
 
 def make_purger(s: AggregatorSettings, rc: Any) -> Purger:
     if s.cdn_purger == "cloudflare":
-        return CloudflarePurger(s.cloudflare_zone_id, s.cloudflare_api_token.get_secret_value())
+        return CloudflarePurger(
+            s.cloudflare_zone_id, s.cloudflare_api_token.get_secret_value(), s.cloudflare_api_url
+        )
     if s.cdn_purger == "recording":
         return RecordingPurger(rc)
     return NullPurger()

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import SecretStr, model_validator
 
+from services.aggregator import purge
 from services.contracts import events
 from services.contracts.settings import Settings
 
@@ -32,14 +33,19 @@ class AggregatorSettings(Settings):
     cdn_purger: Literal["recording", "cloudflare", "none"] = "recording"
     cloudflare_zone_id: str = ""
     cloudflare_api_token: SecretStr = SecretStr("")
+    cloudflare_api_url: str = purge.CLOUDFLARE_API  # the local stack points it at its sink
 
     @model_validator(mode="after")
     def _local_only_knobs(self) -> AggregatorSettings:
         if self.env != "local":
             if self.agg_test_crash:
                 raise ValueError("LIKES_AGG_TEST_CRASH is a test hook; refused outside env=local")
-            if self.cdn_purger == "recording":
-                raise ValueError("LIKES_CDN_PURGER=recording is local only; use cloudflare")
+            # a deployed aggregator purges the real CDN, or counts stay stale for a TTL (the
+            # local stack keeps `cloudflare` and points its API URL at a local sink)
+            if self.cdn_purger != "cloudflare":
+                raise ValueError(
+                    f"env={self.env} purges through Cloudflare: LIKES_CDN_PURGER=cloudflare"
+                )
         if self.cdn_purger == "cloudflare" and not (
             self.cloudflare_zone_id and self.cloudflare_api_token.get_secret_value()
         ):

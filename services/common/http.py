@@ -13,6 +13,8 @@ from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.contracts import workloads
+
 REQUESTS = Counter(
     "likes_http_requests_total", "HTTP requests by route and status", ["service", "route", "status"]
 )
@@ -107,17 +109,17 @@ def install(
 
     ops = APIRouter(tags=["ops"])
 
-    @ops.get("/healthz")
+    @ops.get(workloads.HEALTH_PATH)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @ops.get("/readyz")
+    @ops.get(workloads.READY_PATH)
     async def readyz() -> JSONResponse:
         checks = await ready() if ready else {}
         ok = all(checks.values())
         return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
 
-    @ops.get("/metrics")
+    @ops.get(workloads.METRICS_PATH)
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 

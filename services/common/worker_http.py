@@ -9,20 +9,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.contracts import workloads
+
 
 def serve(host: str, port: int, ready: Callable[[], dict[str, bool]]) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; `ready()` returns named checks for /readyz."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path == "/healthz":
+            if self.path == workloads.HEALTH_PATH:
                 self._send(200, "application/json", b'{"status":"ok"}')
-            elif self.path == "/readyz":
+            elif self.path == workloads.READY_PATH:
                 checks = ready()
                 ok = all(checks.values())
                 body = json.dumps({"ready": ok, "checks": checks}).encode()
                 self._send(200 if ok else 503, "application/json", body)
-            elif self.path == "/metrics":
+            elif self.path == workloads.METRICS_PATH:
                 self._send(200, CONTENT_TYPE_LATEST, generate_latest())
             else:
                 self._send(404, "application/json", b'{"error":{"code":"not_found"}}')

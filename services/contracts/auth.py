@@ -1,13 +1,22 @@
-"""Bearer JWTs: a local HS256 signing key for the local stack, JWKS verification in production."""
+"""Bearer JWTs, verified against the identity provider's JWKS (RS256/ES256) in every environment.
+
+There is no shared signing key: locally the stack runs its own issuer (local/issuer.py) at the
+address the stack's identity-provider URL maps to, and only it can sign tokens the services take.
+"""
 
 from __future__ import annotations
 
-import time
 from functools import lru_cache
 
 import jwt
 
 from services.contracts.settings import Settings
+
+ALGORITHMS = ["RS256", "ES256"]  # asymmetric only: an HS256 token is refused whatever its key
+
+
+class AuthUnavailable(Exception):
+    """The JWKS could not be fetched: not the caller's fault (answer 503, not 401)."""
 
 
 class AuthError(Exception):
@@ -16,19 +25,6 @@ class AuthError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def issue_token(settings: Settings, user_id: str, ttl_s: int = 3600) -> str:
-    """A token valid on the local stack (HS256 with the local key); never used in production."""
-    now = int(time.time())
-    claims = {
-        "sub": user_id,
-        "iss": settings.jwt_issuer,
-        "aud": settings.jwt_audience,
-        "iat": now,
-        "exp": now + ttl_s,
-    }
-    return jwt.encode(claims, settings.jwt_secret.get_secret_value(), algorithm="HS256")
 
 
 @lru_cache(maxsize=4)
@@ -44,19 +40,17 @@ def verify(settings: Settings, authorization: str | None) -> str:
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("malformed_token", "Authorization must be 'Bearer <token>'")
     try:
-        if settings.jwks_url:
-            key = _jwks_client(settings.jwks_url).get_signing_key_from_jwt(token).key
-            algorithms = ["RS256", "ES256"]
-        else:
-            key, algorithms = settings.jwt_secret.get_secret_value(), ["HS256"]
+        key = _jwks_client(settings.jwks_url).get_signing_key_from_jwt(token.strip()).key
         claims = jwt.decode(
             token.strip(),
             key,
-            algorithms=algorithms,
+            algorithms=ALGORITHMS,
             audience=settings.jwt_audience,
             issuer=settings.jwt_issuer,
             options={"require": ["sub", "exp"]},
         )
+    except jwt.PyJWKClientConnectionError as e:
+        raise AuthUnavailable(f"the identity provider's keys are unreachable: {e}") from e
     except jwt.ExpiredSignatureError as e:
         raise AuthError("expired_token", "the token has expired") from e
     except jwt.PyJWTError as e:

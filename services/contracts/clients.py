@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from cassandra import DriverException
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
@@ -33,6 +32,7 @@ def count_cache(settings: Settings, timeout: float = 0.5) -> RedisCluster:
     """The count-cache cluster. Short timeouts: a read falls through rather than waits."""
     return RedisCluster(
         startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+        password=settings.redis_auth,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         decode_responses=True,
@@ -40,12 +40,16 @@ def count_cache(settings: Settings, timeout: float = 0.5) -> RedisCluster:
     )
 
 
-def idem_store(settings: Settings, timeout: float = 0.5) -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.idem_store_url,
+def idem_store(settings: Settings, timeout: float = 0.5) -> RedisCluster:
+    """The idempotency store: a Redis Cluster with AOF, as the program declares it. A shard
+    that is down fails its own keys (closed: 503), not the others'."""
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in settings.idem_store_startup],
+        password=settings.redis_auth,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         decode_responses=True,
+        cluster_error_retry_attempts=1,
     )
 
 
@@ -60,7 +64,9 @@ CASSANDRA_ERRORS: tuple[type[Exception], ...] = (
 def cassandra(settings: Settings, request_timeout: float = 2.0) -> tuple[Cluster, Session]:
     """A session on the likes keyspace; requests time out fast so writes 503 instead of hang."""
     profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        load_balancing_policy=TokenAwarePolicy(
+            DCAwareRoundRobinPolicy(local_dc=settings.cassandra_local_dc or "")
+        ),
         request_timeout=request_timeout,
     )
     cluster = Cluster(

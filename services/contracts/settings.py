@@ -1,56 +1,162 @@
 """Settings of every service and worker, from LIKES_* environment variables.
 
-Defaults point at the local stack; outside `env=local` a default secret is refused at start-up.
+This class is the one definition of those variable names: the Pulumi program renders each
+workload's env from it (`render_env`), and a process refuses a LIKES_* variable that its settings
+class does not read (a misspelled name would otherwise be ignored, and the default used).
+Defaults point at the local stack; outside `env=local` every endpoint must be set explicitly.
+
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
-LOCAL_JWT_SECRET = "local-only-signing-key-not-for-production"
+PREFIX = "LIKES_"
+# Read by the `likes` CLI and the test session, never by a workload: a workload's settings
+# ignore exactly these (the local stack does not pass them to workloads anyway).
+TOOLING_VARS = frozenset(
+    {
+        "LIKES_HOME",
+        "LIKES_PORT_OFFSET",
+        "LIKES_KAFKA_BROKERS",
+        "LIKES_STACK",
+        "LIKES_TEST_HOME",
+        "LIKES_TEST_PORT_OFFSET",
+        "LIKES_TEST_REUSE",
+        "LIKES_KEEP_STACK",
+    }
+)
+
+
+class UnknownVariable(ValueError):
+    """A LIKES_* variable no field reads: a typo or a name the program and the code disagree on."""
+
+
+class _StrictEnv(EnvSettingsSource):
+    """The env source, refusing LIKES_* variables that the settings class does not know."""
+
+    def __call__(self) -> dict[str, Any]:
+        known = self.settings_cls.env_names()  # type: ignore[attr-defined]
+        unknown = sorted(
+            k
+            for k in os.environ
+            if k.upper().startswith(PREFIX) and k.upper() not in known | TOOLING_VARS
+        )
+        if unknown:
+            raise UnknownVariable(
+                f"{self.settings_cls.__name__} does not read {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        return super().__call__()
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LIKES_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid")
 
     env: Literal["local", "staging", "prod"] = "local"
     region: str = "local"
 
     count_cache_nodes: str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
-    idem_store_url: str = "redis://127.0.0.1:6390/0"
+    # a Redis Cluster (AOF) in every environment: seed nodes, like the count-cache
+    idem_store_nodes: str = "127.0.0.1:6390"
+    redis_password: SecretStr | None = None  # AUTH for count-cache, idem-store and hot pools
     cassandra_hosts: str = "127.0.0.1"
     cassandra_port: int = 9042
+    cassandra_local_dc: str | None = None  # None: the driver's default (the first host's DC)
     cassandra_keyspace: str = "likes"
     kafka_bootstrap: str = "127.0.0.1:29092"
     schema_registry_url: str = "http://127.0.0.1:8081"
     etcd_host: str = "127.0.0.1"
     etcd_port: int = 2379
 
-    jwt_secret: SecretStr = SecretStr(LOCAL_JWT_SECRET)
+    # Bearer JWTs are RS256/ES256, verified against the identity provider's JWKS; there is no
+    # shared signing key anywhere (the local stack runs its own issuer, local/issuer.py).
+    jwks_url: str = "http://127.0.0.1:8700/.well-known/jwks.json"
     jwt_issuer: str = "likes-local"
     jwt_audience: str = "likes"
-    jwks_url: str | None = None  # production: the identity provider's JWKS (RS256/ES256)
 
     otlp_endpoint: str | None = None  # tracing is off unless an exporter is configured
     log_level: str = "INFO"
 
+    # Fields that name another server: outside env=local each must be set, never defaulted.
+    ENDPOINTS: ClassVar[tuple[str, ...]] = (
+        "count_cache_nodes",
+        "idem_store_nodes",
+        "cassandra_hosts",
+        "kafka_bootstrap",
+        "schema_registry_url",
+        "etcd_host",
+        "jwks_url",
+        "jwt_issuer",
+        "redis_password",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, _StrictEnv(settings_cls))
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        if field not in cls.model_fields:
+            raise UnknownVariable(f"{cls.__name__} has no setting {field!r}")
+        return PREFIX + field.upper()
+
+    @classmethod
+    def env_names(cls) -> frozenset[str]:
+        return frozenset(PREFIX + f.upper() for f in cls.model_fields)
+
+    @classmethod
+    def render_env(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """{LIKES_NAME: value} for field names; a name the class does not have is an error.
+        Values pass through untouched (a Pulumi Output stays an Output)."""
+        return {cls.env_name(k): v for k, v in values.items()}
+
     @model_validator(mode="after")
-    def _no_default_secrets_outside_local(self) -> Settings:
-        default_secret = self.jwt_secret.get_secret_value() == LOCAL_JWT_SECRET
-        if self.env != "local" and self.jwks_url is None and default_secret:
-            raise ValueError(
-                "LIKES_JWT_SECRET is the local default; set a real secret or LIKES_JWKS_URL "
-                f"for env={self.env}"
-            )
+    def _explicit_outside_local(self) -> Settings:
+        # a staging or prod pod that silently fell back to a loopback default would run against
+        # nothing (or, worse, a developer's stack): every endpoint must come from the program
+        if self.env != "local":
+            missing = [self.env_name(f) for f in self.ENDPOINTS if f not in self.model_fields_set]
+            if missing:
+                raise ValueError(
+                    f"env={self.env} refuses local defaults; set {', '.join(missing)} "
+                    "(the program renders them)"
+                )
         return self
 
     @property
     def count_cache_startup(self) -> list[tuple[str, int]]:
-        out = []
-        for hp in self.count_cache_nodes.split(","):
-            host, port = hp.strip().rsplit(":", 1)
-            out.append((host, int(port)))
-        return out
+        return parse_nodes(self.count_cache_nodes)
+
+    @property
+    def idem_store_startup(self) -> list[tuple[str, int]]:
+        return parse_nodes(self.idem_store_nodes)
+
+    @property
+    def redis_auth(self) -> str | None:
+        return self.redis_password.get_secret_value() if self.redis_password else None
+
+
+def parse_nodes(value: str) -> list[tuple[str, int]]:
+    out = []
+    for hp in value.split(","):
+        host, port = hp.strip().rsplit(":", 1)
+        out.append((host, int(port)))
+    return out

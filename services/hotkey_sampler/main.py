@@ -1,4 +1,5 @@
-"""The sampler's app: POST /v1/samples (the mirror's batches), GET /v1/top, and the publish loop.
+"""The sampler's app: the gateway's mirrored copies of reads (on the read routes themselves),
+GET /v1/top, and the publish loop.
 
 uvicorn services.hotkey_sampler.main:create_app --factory
 """
@@ -17,7 +18,8 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, Field
 
 from services.common import http, observability
-from services.contracts.settings import Settings
+from services.contracts import routes
+from services.contracts.workloads import HOTKEY_SAMPLER as WORKLOAD
 from services.hotkey_sampler.publisher import EtcdPublisher
 from services.hotkey_sampler.settings import SamplerSettings
 from services.hotkey_sampler.window import DecayingTopK
@@ -29,9 +31,9 @@ PUBLISH_ERRORS = Counter("likes_sampler_publish_errors_total", "Failed publishes
 PUBLISHED = Gauge("likes_sampler_published_posts", "Posts currently flagged hot in etcd")
 
 
-class Samples(BaseModel):
-    post_ids: list[str] = Field(max_length=10_000)
-    fraction: float = Field(0.01, gt=0, le=1, description="the mirror's sampling fraction")
+class MirroredBatch(BaseModel):
+    # the batch read's body as the client sent it; the sampler only counts the ids
+    post_ids: list[str] = Field(max_length=1000)
 
 
 class Hot(BaseModel):
@@ -45,7 +47,9 @@ async def publish_loop(
     failing = False
     while True:
         try:
-            await publisher.publish(window.top(cfg.top_k, cfg.min_rate), cfg.heat_rate)
+            await publisher.publish(
+                window.top(cfg.sampler_top_k, cfg.sampler_min_rate), cfg.sampler_heat_rate
+            )
             PUBLISHED.set(len(publisher.published.rates))
             if failing:
                 log.info("etcd reachable again; flags republished")
@@ -58,22 +62,22 @@ async def publish_loop(
                 log.warning("publish failed", extra={"fields": {"error": repr(e)}})
             failing = True
             await publisher.reset()
-        await asyncio.sleep(cfg.publish_interval_s)
+        await asyncio.sleep(cfg.sampler_publish_interval_s)
 
 
-def create_app(settings: Settings | None = None, cfg: SamplerSettings | None = None) -> FastAPI:
-    settings = settings or Settings()
+def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
     cfg = cfg or SamplerSettings()
-    observability.setup_logging("hotkey-sampler", settings.log_level)
+    observability.setup_logging(WORKLOAD.name, cfg.log_level)
+    weight = max(1, round(100 / cfg.sampler_mirror_percent))  # reads one mirrored copy stands for
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         window = DecayingTopK(
-            bucket_s=cfg.bucket_s, buckets=cfg.buckets, half_life_s=cfg.half_life_s
+            bucket_s=cfg.sampler_bucket_s,
+            buckets=cfg.sampler_buckets,
+            half_life_s=cfg.sampler_half_life_s,
         )
-        publisher = EtcdPublisher(
-            settings.etcd_host, settings.etcd_port, lease_ttl_s=cfg.lease_ttl_s
-        )
+        publisher = EtcdPublisher(cfg.etcd_host, cfg.etcd_port, lease_ttl_s=cfg.sampler_lease_ttl_s)
         app.state.window, app.state.publisher = window, publisher
         task = asyncio.create_task(publish_loop(window, publisher, cfg), name="publish")
         try:
@@ -86,12 +90,22 @@ def create_app(settings: Settings | None = None, cfg: SamplerSettings | None = N
 
     app = FastAPI(title="likes hot-key sampler", version="1", lifespan=lifespan)
 
-    @app.post("/v1/samples", status_code=202)
-    async def samples(request: Request, body: Annotated[Samples, Body()]) -> dict[str, int]:
+    def sample(request: Request, post_ids: list[str]) -> dict[str, int]:
         window: DecayingTopK = request.app.state.window
-        window.update_many(body.post_ids, weight=max(1, round(1 / body.fraction)))
-        SAMPLES.inc(len(body.post_ids))
-        return {"accepted": len(body.post_ids)}
+        window.update_many(post_ids, weight=weight)
+        SAMPLES.inc(len(post_ids))
+        return {"accepted": len(post_ids)}
+
+    # Envoy mirrors reads here as they are (fire and forget; the answer is thrown away)
+    @app.get(routes.READ_TEMPLATE, status_code=202)
+    async def mirrored_read(request: Request, post_id: str) -> dict[str, int]:
+        return sample(request, [post_id])
+
+    @app.post(routes.BATCH_READ_PATH, status_code=202)
+    async def mirrored_batch(
+        request: Request, body: Annotated[MirroredBatch, Body()]
+    ) -> dict[str, int]:
+        return sample(request, body.post_ids)
 
     @app.get("/v1/top", response_model=list[Hot])
     async def top(request: Request, k: Annotated[int, Query(ge=1, le=1000)] = 20) -> list[Hot]:
@@ -101,5 +115,5 @@ def create_app(settings: Settings | None = None, cfg: SamplerSettings | None = N
     async def ready() -> dict[str, bool]:
         return {"window": hasattr(app.state, "window")}
 
-    http.install(app, "hotkey-sampler", ready)
+    http.install(app, WORKLOAD.name, ready)
     return app

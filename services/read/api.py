@@ -9,13 +9,13 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from services.common.http import ApiError, error_body
-from services.contracts import auth, keys
+from services.contracts import auth, keys, routes
 from services.contracts.settings import Settings
 from services.read.core import CountView, Reader
 from services.read.heat import HOT_TTL_S, HeatSource
 from services.read.metrics import DEGRADED
 
-router = APIRouter(prefix="/v1", tags=["likes"])
+router = APIRouter(prefix=routes.API_PREFIX, tags=["likes"])
 
 POST_ID = keys.POST_ID_PATTERN
 MAX_BATCH = 50
@@ -84,6 +84,10 @@ async def caller(
         return auth.verify(settings, authorization)
     except auth.AuthError as e:
         raise ApiError(401, e.code, str(e), headers={"WWW-Authenticate": "Bearer"}) from e
+    except auth.AuthUnavailable:
+        # never 5xx: without the IdP's keys, answer the anonymous view (no has_liked); the
+        # answer stays uncacheable at the edge (Vary: Authorization)
+        return None
 
 
 Caller = Annotated[str | None, Depends(caller)]
@@ -97,9 +101,6 @@ def _reader(request: Request) -> Reader:
 async def _views(request: Request, user_id: str | None, post_ids: list[str]) -> list[LikesView]:
     """Counts (and has_liked) for post_ids; any unexpected failure degrades, never raises."""
     request.state.post_ids = post_ids  # for the last-resort middleware in main.py
-    mirror = getattr(request.app.state, "mirror", None)
-    if mirror is not None:
-        mirror.offer(post_ids)  # O(1) per id: the batches go out in the background
     reader = _reader(request)
     try:
         if user_id is None:
@@ -129,7 +130,7 @@ async def _gather(
 
 
 @router.get(
-    "/posts/{post_id}/likes",
+    routes.relative(routes.READ_TEMPLATE),
     response_model=LikesView,
     response_model_exclude_unset=True,
     responses=ERRORS,
@@ -162,7 +163,7 @@ async def get_likes(
 
 
 @router.post(
-    "/posts/likes:batch",
+    routes.relative(routes.BATCH_READ_PATH),
     response_model=BatchView,
     response_model_exclude_unset=True,
     responses=ERRORS,

@@ -1,8 +1,6 @@
-"""The read path's part in the hot-key loop.
+"""The read path's part in the hot-key loop (the gateway mirrors reads to the sampler; the read
+service only reads hot posts from the hot pools).
 
-- `SampleMirror`: a fraction of reads (1% by default) goes to the hot-key sampler, the local
-  stand-in for the gateway's mirror. `offer` only appends to a bounded buffer; a background task
-  posts batches, so the answer never waits on the sampler, and a slow one only loses samples.
 - `HotPoolCountCache`: hot posts (the operator's `/likes/hotpool/<post>`) read their aggregate
   from a random hot-pool replica, others (and any replica miss or error) from the count-cache.
   A replica read gets one attempt within `timeout_s` (no client retries: redis-py's default of
@@ -15,12 +13,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections import deque
 from collections.abc import Sequence
 
-import httpx
 from prometheus_client import Counter
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -31,70 +26,7 @@ from services.read.stores import parse_aggregate
 
 log = logging.getLogger("read.hotkeys")
 
-MIRRORED = Counter("likes_read_mirrored_total", "Sampled reads", ["result"])
 HOT_POOL_READS = Counter("likes_read_hot_pool_total", "Hot-pool reads", ["result"])
-
-
-class MirrorSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LIKES_", extra="ignore")
-
-    sampler_url: str | None = None  # mirroring is off without a sampler
-    sample_fraction: float = 0.01
-
-
-class SampleMirror:
-    def __init__(
-        self,
-        url: str,
-        fraction: float = 0.01,
-        *,
-        flush_s: float = 0.1,
-        capacity: int = 10_000,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.url = url.rstrip("/") + "/v1/samples"
-        self.fraction, self.flush_s = fraction, flush_s
-        self.buffer: deque[str] = deque(maxlen=capacity)  # full: the oldest samples go
-        self.rng = rng or random.Random()
-        self._task: asyncio.Task[None] | None = None
-        self._http: httpx.AsyncClient | None = None
-
-    def offer(self, post_ids: Sequence[str]) -> None:
-        for p in post_ids:
-            if self.rng.random() < self.fraction:
-                self.buffer.append(p)
-
-    async def flush(self) -> int:
-        if not self.buffer:
-            return 0
-        batch = list(self.buffer)
-        self.buffer.clear()
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=0.5)
-        try:
-            r = await self._http.post(self.url, json={"post_ids": batch, "fraction": self.fraction})
-            r.raise_for_status()
-            MIRRORED.labels("sent").inc(len(batch))
-        except httpx.HTTPError:
-            MIRRORED.labels("dropped").inc(len(batch))  # samples are disposable
-        return len(batch)
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="sample-mirror")
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_s)
-            with contextlib.suppress(Exception):
-                await self.flush()
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._http is not None:
-            await self._http.aclose()
 
 
 class HotPoolCountCache:
@@ -107,8 +39,10 @@ class HotPoolCountCache:
         *,
         timeout_s: float = 0.2,
         rng: random.Random | None = None,
+        password: str | None = None,
     ) -> None:
         self.inner, self.view, self.timeout_s = inner, view, timeout_s
+        self.password = password
         self.rng = rng or random.Random()
         self._clients: dict[str, Redis] = {}
 
@@ -119,6 +53,7 @@ class HotPoolCountCache:
             c = Redis(
                 host=host,
                 port=int(port),
+                password=self.password,
                 socket_timeout=self.timeout_s,
                 socket_connect_timeout=self.timeout_s,
                 retry=Retry(NoBackoff(), 0),  # the fall-back is the count-cache, not a retry

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common import http, observability
 from services.contracts import hotkeys as hotkey_flags
+from services.contracts import workloads
 from services.contracts.settings import Settings
 from services.read import api, hotkeys
 from services.read.core import Reader
@@ -84,8 +85,8 @@ def create_app(
     """`heat` replaces the etcd heat source (tests, benchmarks); `reader_options` are passed to
     core.Reader (timeouts, breakers, clock)."""
     settings = settings or Settings()
-    observability.setup_logging("read", settings.log_level)
-    observability.setup_tracing("read", settings.otlp_endpoint)
+    observability.setup_logging(workloads.READ.name, settings.log_level)
+    observability.setup_tracing(workloads.READ.name, settings.otlp_endpoint)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,20 +101,13 @@ def create_app(
             hotkey_flags.decode_pools,
         )  # fmt: skip
         await pools_view.start()
-        hot_cache = hotkeys.HotPoolCountCache(cache, pools_view)
-        mirror_cfg = hotkeys.MirrorSettings()
-        mirror = None
-        if mirror_cfg.sampler_url:
-            mirror = hotkeys.SampleMirror(mirror_cfg.sampler_url, mirror_cfg.sample_fraction)
-            await mirror.start()
-        app.state.settings, app.state.mirror = settings, mirror
+        hot_cache = hotkeys.HotPoolCountCache(cache, pools_view, password=settings.redis_auth)
+        app.state.settings = settings
         app.state.cache, app.state.store, app.state.heat = cache, store, heat_source
         app.state.reader = Reader(hot_cache, store, **(reader_options or {}))
         try:
             yield
         finally:
-            if mirror is not None:
-                await mirror.close()
             await pools_view.close()
             await hot_cache.close()
             await heat_source.close()
@@ -134,6 +128,6 @@ def create_app(
         return {"reader": hasattr(app.state, "reader")}
 
     app.add_middleware(NeverFail)  # before install(): inside the RED middleware, which sees 200
-    http.install(app, "read", ready)
+    http.install(app, workloads.READ.name, ready)
     app.include_router(api.router)
     return app

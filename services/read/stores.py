@@ -71,6 +71,7 @@ class RedisCountCache:
     def __init__(self, settings: Settings, timeout_s: float = 0.4) -> None:
         self.rc = RedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+            password=settings.redis_auth,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             # one retry (it reloads the slot map after a failover), and no sleeping between

@@ -8,7 +8,7 @@ import signal
 import threading
 
 from services.common import observability, worker_http
-from services.contracts import clients
+from services.contracts import clients, workloads
 from services.contracts.clients import CASSANDRA_ERRORS
 from services.contracts.settings import Settings
 from services.relay.core import OutboxRelay
@@ -23,8 +23,8 @@ def main() -> None:
     args = ap.parse_args()
 
     settings = Settings()
-    log = observability.setup_logging("relay", settings.log_level)
-    observability.setup_tracing("relay", settings.otlp_endpoint)
+    log = observability.setup_logging(workloads.OUTBOX_RELAY.name, settings.log_level)
+    observability.setup_tracing(workloads.OUTBOX_RELAY.name, settings.otlp_endpoint)
     cluster, session = clients.cassandra(settings)
     publisher = Publisher(clients.producer(settings, **{"message.timeout.ms": 5000}))
     relay = OutboxRelay(session, publisher)

@@ -12,10 +12,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.http import ApiError
-from services.contracts import auth, keys
+from services.contracts import auth, keys, routes
 from services.write import core
 
-router = APIRouter(prefix="/v1", tags=["likes"])
+router = APIRouter(prefix=routes.API_PREFIX, tags=["likes"])
 
 POST_ID = keys.POST_ID_PATTERN
 MAX_BODY_BYTES = 4096
@@ -46,7 +46,7 @@ def _retry_503(dependency: str) -> ApiError:
 
 
 @router.post(
-    "/likes",
+    routes.relative(routes.WRITE_PATH),
     status_code=202,
     response_model=LikeAccepted,
     responses={400: {}, 401: {}, 403: {}, 409: {}, 413: {}, 422: {}, 503: {}},
@@ -64,6 +64,8 @@ async def post_like(
         user_id = auth.verify(settings, authorization)
     except auth.AuthError as e:
         raise ApiError(401, e.code, str(e), headers={"WWW-Authenticate": "Bearer"}) from e
+    except auth.AuthUnavailable as e:
+        raise ApiError(503, "identity_provider_unavailable", str(e), {"Retry-After": "1"}) from e
     if body.user_id is not None and body.user_id != user_id:
         raise ApiError(403, "forbidden_user", "you can only like as yourself")
     intent_uuid = _parse_key(idempotency_key)

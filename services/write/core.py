@@ -163,7 +163,7 @@ class LikeWriter:
         self,
         *,
         session: Session,
-        idem: redis.Redis,
+        idem: redis.Redis | redis.RedisCluster,
         publisher: Publisher,
         serialize: Callable[[events.LikeEvent, SerializationContext], bytes | None],
         region: str,

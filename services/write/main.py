@@ -9,15 +9,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from services.common import http, observability
-from services.contracts import clients
+from services.contracts import clients, workloads
 from services.contracts.settings import Settings
 from services.write import api, core, splits
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    observability.setup_logging("write", settings.log_level)
-    observability.setup_tracing("write", settings.otlp_endpoint)
+    observability.setup_logging(workloads.WRITE.name, settings.log_level)
+    observability.setup_tracing(workloads.WRITE.name, settings.otlp_endpoint)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,9 +63,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             checks["idem-store"] = bool(writer.idem.ping())
         except Exception:
             checks["idem-store"] = False
-        checks["edge-store"] = bool(writer.session.cluster.metadata.all_hosts())
+        # all_hosts() lists down hosts too: ready only while the driver holds a live one
+        checks["edge-store"] = any(h.is_up for h in writer.session.cluster.metadata.all_hosts())
         return checks
 
-    http.install(app, "write", ready)
+    http.install(app, workloads.WRITE.name, ready)
     app.include_router(api.router)
     return app

@@ -557,3 +557,13 @@ def test_real_envoy_routes_authenticates_and_mirrors(tmp_path: Path) -> None:
         proc.wait(timeout=30)
         for upstream in (write, read, sampler):
             upstream.server.shutdown()
+
+
+def test_routes_are_the_services_contract() -> None:
+    """One definition: the gateway routes and mirrors the paths the services serve."""
+    from services.contracts import routes
+
+    assert envoy_config.WRITE_PATH == routes.WRITE_PATH
+    assert envoy_config.READ_PATH_REGEX == routes.READ_PATH_REGEX
+    assert envoy_config.BATCH_READ_PATH == routes.BATCH_READ_PATH
+    assert re.fullmatch(envoy_config.READ_PATH_REGEX, routes.read_path("p-1"))

@@ -82,14 +82,20 @@ def _strip_k8s_extensions(schema: Any) -> Any:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_hotkeypolicy_matches_its_crd_schema(plans: dict[str, plan.Plan], stack: str) -> None:
+def test_hotkeypolicy_matches_its_crd_schema(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
     (crd,) = [r for r in _manifests(plans[stack]) if r.inputs["kind"] == "CustomResourceDefinition"]
     schema = _strip_k8s_extensions(crd.inputs["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    # a CRD schema is OpenAPI v3.0: boolean exclusiveMinimum, as in JSON Schema draft 4
+    validator = jsonschema.Draft4Validator(schema)
     (policy,) = [r for r in _manifests(plans[stack]) if r.inputs["kind"] == operator.KIND]
-    jsonschema.validate(policy.inputs, schema)
-    bad = {**policy.inputs, "spec": {**policy.inputs["spec"], "replicas": 99}}
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, schema)
+    validator.validate(policy.inputs)
+    pools = configs[stack].redis.hot_pools
+    for field, value in (("replicationFactor", pools + 1), ("enterRate", 0), ("splitFactor", 0)):
+        bad = {**policy.inputs, "spec": {**policy.inputs["spec"], field: value}}
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate(bad)
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -9,7 +9,10 @@ from typing import Any
 import pytest
 
 from infra import plan, policies
+from services.contracts import workloads
 from tests.infra.conftest import STACKS, named
+
+WRITE = workloads.WRITE.name
 
 
 @dataclass(frozen=True)
@@ -26,21 +29,21 @@ def _k8s(r: plan.Declared) -> R:
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_policy_passes_on_the_real_program(plans: dict[str, plan.Plan], stack: str) -> None:
     p = plans[stack]
-    sf_raw = {"likes:redisPassword": "x"}
+    sf_raw = {"likes:redisPassword": "x", "likes:cdnPurgeToken": "y"}
     assert policies.containers_have_resources_and_probes(p.resources) == []
     assert policies.statefulsets_have_pdb_and_zone_spread(p.resources) == []
     assert policies.no_public_datastore(p.resources) == []
-    assert policies.no_plaintext_secrets(p.resources, sf_raw, ["likes:redisPassword"]) == []
+    assert policies.no_plaintext_secrets(p.resources, sf_raw, list(sf_raw)) == []
 
 
 def test_container_without_limits_or_probes_fails(plans: dict[str, plan.Plan]) -> None:
-    bad = _k8s(named(plans["staging"], "Deployment", "write-svc"))
+    bad = _k8s(named(plans["staging"], "Deployment", WRITE))
     container = bad.inputs["spec"]["template"]["spec"]["containers"][0]
     del container["resources"]["limits"]
     del container["readinessProbe"]
     found = {(v.policy, v.message) for v in policies.containers_have_resources_and_probes([bad])}
-    assert ("container-resources", "container write-svc has no limits for cpu, memory") in found
-    assert ("container-probes", "container write-svc has no readinessProbe") in found
+    assert ("container-resources", f"container {WRITE} has no limits for cpu, memory") in found
+    assert ("container-probes", f"container {WRITE} has no readinessProbe") in found
 
 
 def test_job_needs_resources_but_not_probes(plans: dict[str, plan.Plan]) -> None:
@@ -83,16 +86,19 @@ def test_secret_in_plain_config_fails(plans: dict[str, plan.Plan]) -> None:
     (v,) = policies.no_plaintext_secrets([], raw, secret_keys=[])
     assert (v.policy, v.resource) == ("secret-in-plain-config", "likes:redisPassword")
     assert policies.no_plaintext_secrets([], raw, secret_keys=["likes:redisPassword"]) == []
-    dep = _k8s(named(plans["staging"], "Deployment", "write-svc"))
+    # the CDN purge token is a secret field too (the aggregator's Cloudflare purger)
+    (v,) = policies.no_plaintext_secrets([], {"likes:cdnPurgeToken": "t"}, secret_keys=[])
+    assert (v.policy, v.resource) == ("secret-in-plain-config", "likes:cdnPurgeToken")
+    dep = _k8s(named(plans["staging"], "Deployment", WRITE))
     dep.inputs["spec"]["template"]["spec"]["containers"][0]["env"].append(
-        {"name": "REDIS_PASSWORD", "value": "hunter2"}
+        {"name": "LIKES_REDIS_PASSWORD", "value": "hunter2"}
     )
     cm = R(
         "kubernetes:core/v1:ConfigMap", "leaky", {"kind": "ConfigMap", "data": {"api_token": "x"}}
     )
     found = policies.no_plaintext_secrets([dep, cm], {}, [])
     assert {v.resource for v in found} == {
-        "kubernetes:apps/v1:Deployment::write-svc",
+        f"kubernetes:apps/v1:Deployment::{WRITE}",
         "kubernetes:core/v1:ConfigMap::leaky",
     }
 

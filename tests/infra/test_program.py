@@ -285,18 +285,16 @@ def test_schema_registry_forward_and_registers_repository_schemas(
     assert '"compatibility": "FORWARD"' in script
 
 
-def test_operator_runs_the_kopf_wiring_module() -> None:
-    """The Deployment must import the module that registers the handlers, or Kopf runs idle."""
+def test_operator_runs_the_kopf_wiring_module(plans: dict[str, plan.Plan]) -> None:
+    """The Deployment must import the module that registers the handlers, or Kopf runs idle.
+    (That those handlers watch the installed CRD: test_contracts.py.)"""
     import importlib
 
     import kopf
 
-    from infra.plan import run
-
-    plan = run("staging")
     commands = [
         c["command"]
-        for r in plan.resources
+        for r in plans["staging"].resources
         if r.type == "kubernetes:apps/v1:Deployment" and "operator" in r.name
         for c in r.inputs["spec"]["template"]["spec"]["containers"]
         if c.get("command", [None])[0] == "kopf"

@@ -2,39 +2,82 @@
 
 from __future__ import annotations
 
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
 
 from services.aggregator import dlq
-from services.aggregator.purge import CloudflarePurger, surrogate_key
+from services.aggregator.purge import CloudflarePurger, PurgeFailed, surrogate_key
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import events
 
 
-class FakeCloudflare:
-    """Stands in for the `cloudflare` SDK client (not a store): records purge calls."""
+class CloudflareApi:
+    """A real HTTP server on loopback answering Cloudflare's purge call (the CDN is not ours):
+    records each request, answers with `answers` in turn (then success)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: list[tuple[int, dict[str, Any]]] | None = None) -> None:
         self.calls: list[dict[str, Any]] = []
-        self.cache = self
+        self.answers = list(answers or [])
+        api = self
 
-    def purge(self, **kw: Any) -> None:
-        self.calls.append(kw)
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                api.calls.append({"path": self.path, "auth": self.headers["Authorization"], **body})
+                status, answer = api.answers.pop(0) if api.answers else (200, {"success": True})
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/client/v4"
+
+    def close(self) -> None:
+        self.server.shutdown()
 
 
-def test_cloudflare_purge_batches_at_most_100_tags_per_call() -> None:
-    sdk = FakeCloudflare()
+@pytest.fixture
+def cf() -> Iterator[CloudflareApi]:
+    api = CloudflareApi()
+    yield api
+    api.close()
+
+
+def test_cloudflare_purge_batches_at_most_100_tags_per_call(cf: CloudflareApi) -> None:
     tags = [surrogate_key(f"p{i}") for i in range(250)]
-    CloudflarePurger("zone-1", client=sdk).purge([*tags, tags[0]])
-    assert [len(c["tags"]) for c in sdk.calls] == [100, 100, 50]
-    assert {c["zone_id"] for c in sdk.calls} == {"zone-1"}
-    assert sorted(t for c in sdk.calls for t in c["tags"]) == sorted(tags)
+    CloudflarePurger("zone-1", "tok", cf.url).purge([*tags, tags[0]])
+    assert [len(c["tags"]) for c in cf.calls] == [100, 100, 50]
+    assert {c["path"] for c in cf.calls} == {"/client/v4/zones/zone-1/purge_cache"}
+    assert {c["auth"] for c in cf.calls} == {"Bearer tok"}
+    assert sorted(t for c in cf.calls for t in c["tags"]) == sorted(tags)
 
 
-def test_cloudflare_sdk_is_not_imported_until_used() -> None:
-    CloudflarePurger("zone-1", "token")  # constructing it needs no SDK
+def test_a_refused_purge_raises(cf: CloudflareApi) -> None:
+    cf.answers = [(403, {"success": False, "errors": [{"code": 10000}]})]
+    with pytest.raises(PurgeFailed, match="403"):
+        CloudflarePurger("zone-1", "tok", cf.url).purge(["post-a"])
+    cf.answers = [(200, {"success": False})]  # Cloudflare's "200 but failed" shape
+    with pytest.raises(PurgeFailed):
+        CloudflarePurger("zone-1", "tok", cf.url).purge(["post-a"])
+
+
+def test_an_unreachable_cdn_raises() -> None:
+    with pytest.raises(PurgeFailed):
+        CloudflarePurger("zone-1", "tok", "http://127.0.0.1:9/client/v4").purge(["post-a"])
 
 
 def test_surrogate_key_per_post() -> None:
@@ -58,12 +101,40 @@ def test_dlq_headers_carry_source_error_attempts_and_ids() -> None:
     assert "dlq.event_id" not in dict(dlq.headers("t", 0, 0, "undecodable", 3, None))
 
 
-def test_settings_refuse_test_hooks_and_recording_purger_outside_local() -> None:
-    with pytest.raises(ValidationError):
-        AggregatorSettings(env="prod", jwt_secret=SecretStr("s"), agg_test_crash="after-cells")
-    with pytest.raises(ValidationError):
-        AggregatorSettings(env="prod", jwt_secret=SecretStr("s"), cdn_purger="recording")
-    with pytest.raises(ValidationError):
+PROD_ENDPOINTS: dict[str, Any] = {
+    "count_cache_nodes": "count-cache:6379",
+    "idem_store_nodes": "idem-store:6379",
+    "cassandra_hosts": "scylla",
+    "kafka_bootstrap": "kafka:9092",
+    "schema_registry_url": "http://registry:8081",
+    "etcd_host": "etcd",
+    "jwks_url": "https://idp.test/jwks.json",
+    "jwt_issuer": "https://idp.test/",
+    "redis_password": "pw",
+}
+CLOUDFLARE: dict[str, Any] = {
+    "cdn_purger": "cloudflare",
+    "cloudflare_zone_id": "zone",
+    "cloudflare_api_token": SecretStr("token"),
+}
+
+
+def test_settings_refuse_test_hooks_and_recording_purger_outside_local(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for k in [k for k in os.environ if k.startswith("LIKES_")]:
+        monkeypatch.delenv(k)
+    assert set(PROD_ENDPOINTS) == set(AggregatorSettings.ENDPOINTS)
+    prod = {"env": "prod", **PROD_ENDPOINTS}
+    # a complete prod configuration is accepted: each refusal below is the knob's own
+    assert AggregatorSettings(**prod, **CLOUDFLARE).cdn_purger == "cloudflare"
+    with pytest.raises(ValidationError, match="LIKES_AGG_TEST_CRASH"):
+        AggregatorSettings(**prod, **CLOUDFLARE, agg_test_crash="after-cells")
+    with pytest.raises(ValidationError, match="LIKES_CDN_PURGER=cloudflare"):
+        AggregatorSettings(**prod, cdn_purger="recording")
+    with pytest.raises(ValidationError, match="LIKES_CDN_PURGER=cloudflare"):
+        AggregatorSettings(**{**prod, "env": "staging"}, cdn_purger="none")
+    with pytest.raises(ValidationError, match="LIKES_CLOUDFLARE_ZONE_ID"):
         AggregatorSettings(cdn_purger="cloudflare")  # no zone/token
     s = AggregatorSettings(agg_topic_prefix="b1.")
     assert s.source_topics == ["b1.likes.committed", "b1.likes.voided", "b1.likes.unvoided"]

@@ -1,130 +1,23 @@
-"""The read path's part in the hot-key loop, without servers: the sample mirror's bounded buffer,
-fraction sampling and batches; the hot-pool cache's routing and its fall-back to the count-cache.
+"""The read path's part in the hot-key loop, without servers: the hot-pool cache's routing, its
+fall-back to the count-cache and its Redis AUTH. (Reads reach the sampler as the gateway's
+mirrored copies, not from the read service: see test_hotkey_sampler.py.)
 
-The sampler is an httpx transport that records the batches; the unreachable hot pool is a real
-Redis client on a port nothing listens on (no Redis mock)."""
+The unreachable hot pool is a real Redis client on a port nothing listens on (no Redis mock)."""
 
 from __future__ import annotations
 
-import json
-import random
 import socket
 from collections.abc import Sequence
 
-import httpx
 from prometheus_client import REGISTRY
 
 from services.contracts import hotkeys
 from services.read.core import Aggregate, Reader
-from services.read.hotkeys import HotPoolCountCache, MirrorSettings, SampleMirror
+from services.read.hotkeys import HotPoolCountCache
 
 
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-# -- SampleMirror -------------------------------------------------------------------------------
-class Sampler:
-    """Records the mirror's POSTs; answers `status`."""
-
-    def __init__(self, status: int = 202) -> None:
-        self.status = status
-        self.batches: list[dict[str, object]] = []
-        self.urls: list[str] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.urls.append(str(request.url))
-        self.batches.append(json.loads(request.content))
-        return httpx.Response(self.status, json={"accepted": 0})
-
-
-def mirror_to(sampler: Sampler, **kw: object) -> SampleMirror:
-    m = SampleMirror("http://sampler:8700/", **kw)  # type: ignore[arg-type]
-    m._http = httpx.AsyncClient(transport=httpx.MockTransport(sampler))
-    return m
-
-
-def test_defaults_are_a_one_percent_mirror_and_off_without_a_sampler() -> None:
-    cfg = MirrorSettings()
-    assert cfg.sample_fraction == 0.01
-    assert SampleMirror("http://s").fraction == 0.01
-    assert MirrorSettings(_env_file=None, sampler_url=None).sampler_url is None  # type: ignore[call-arg]
-
-
-def test_fraction_sampling_follows_the_seeded_rng() -> None:
-    ids = [f"p{i}" for i in range(100_000)]
-    m = SampleMirror("http://s", 0.01, capacity=1_000_000, rng=random.Random(7))
-    m.offer(ids)
-    expect_rng = random.Random(7)
-    expected = [p for p in ids if expect_rng.random() < 0.01]
-    assert list(m.buffer) == expected  # exactly the ids the seeded draws pick, in order
-    assert 800 <= len(expected) <= 1200  # ~1%
-
-
-def test_fraction_one_mirrors_everything_and_zero_nothing() -> None:
-    everything = SampleMirror("http://s", 1.0, rng=random.Random(1))
-    everything.offer(["a", "b", "a"])
-    assert list(everything.buffer) == ["a", "b", "a"]  # repeats are samples too
-    nothing = SampleMirror("http://s", 0.0, rng=random.Random(1))
-    nothing.offer([f"p{i}" for i in range(10_000)])
-    assert not nothing.buffer
-
-
-def test_a_full_buffer_drops_the_oldest_samples() -> None:
-    m = SampleMirror("http://s", 1.0, capacity=5)
-    m.offer([f"p{i}" for i in range(12)])
-    assert list(m.buffer) == ["p7", "p8", "p9", "p10", "p11"]
-
-
-async def test_flush_posts_everything_buffered_as_one_batch_and_empties_the_buffer() -> None:
-    sampler = Sampler()
-    m = mirror_to(sampler, fraction=1.0, capacity=100)
-    sent = metric("likes_read_mirrored_total", result="sent")
-    m.offer(["a", "b"])
-    m.offer(["c"])
-    assert await m.flush() == 3
-    assert sampler.urls == ["http://sampler:8700/v1/samples"]
-    assert sampler.batches == [{"post_ids": ["a", "b", "c"], "fraction": 1.0}]
-    assert not m.buffer
-    assert metric("likes_read_mirrored_total", result="sent") - sent == 3
-    assert await m.flush() == 0  # nothing buffered: no request
-    assert len(sampler.batches) == 1
-    await m.close()
-
-
-async def test_a_batch_carries_the_fraction_so_the_sampler_can_scale() -> None:
-    sampler = Sampler()
-    m = mirror_to(sampler, fraction=0.5, rng=random.Random(3))
-    m.offer([f"p{i}" for i in range(100)])
-    await m.flush()
-    assert sampler.batches[0]["fraction"] == 0.5
-    rng = random.Random(3)
-    assert sampler.batches[0]["post_ids"] == [f"p{i}" for i in range(100) if rng.random() < 0.5]
-    await m.close()
-
-
-async def test_a_failing_sampler_loses_the_batch_not_the_next_one() -> None:
-    sampler = Sampler(status=503)
-    m = mirror_to(sampler, fraction=1.0)
-    dropped = metric("likes_read_mirrored_total", result="dropped")
-    m.offer(["a", "b"])
-    assert await m.flush() == 2  # no exception reaches the caller
-    assert not m.buffer  # samples are disposable: not retried, not piling up
-    assert metric("likes_read_mirrored_total", result="dropped") - dropped == 2
-    sampler.status = 202
-    m.offer(["c"])
-    await m.flush()
-    assert sampler.batches[-1]["post_ids"] == ["c"]
-    await m.close()
-
-
-async def test_an_unreachable_sampler_drops_the_batch() -> None:
-    m = SampleMirror(f"http://127.0.0.1:{dead_port()}", 1.0)
-    dropped = metric("likes_read_mirrored_total", result="dropped")
-    m.offer(["a"])
-    assert await m.flush() == 1
-    assert metric("likes_read_mirrored_total", result="dropped") - dropped == 1
-    await m.close()
 
 
 # -- HotPoolCountCache --------------------------------------------------------------------------
@@ -233,4 +126,12 @@ async def test_a_down_hot_pool_does_not_push_the_batch_off_the_aggregate_tier() 
         (40, "aggregate", False),
     ]
     assert cache._client(dead).get_retry()._retries == 0  # type: ignore[union-attr]
+    await cache.close()
+
+
+async def test_hot_pool_clients_authenticate_with_the_redis_password() -> None:
+    # the hot pools run with requirepass (infra/redis.py): a client without it reads nothing
+    cache = HotPoolCountCache(Inner({}), view({}, Clock()), password="s3cret")
+    kwargs = cache._client("127.0.0.1:1").connection_pool.connection_kwargs
+    assert kwargs["password"] == "s3cret"
     await cache.close()

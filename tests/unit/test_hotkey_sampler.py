@@ -1,8 +1,17 @@
-"""The sampler's decaying window and its etcd diff: pure, patched clock."""
+"""The sampler's decaying window and its etcd diff (pure, patched clock), and its app's routes."""
 
 from __future__ import annotations
 
+import os
+import socket
+
+import pytest
+from fastapi.testclient import TestClient
+
+from services.contracts import routes
+from services.hotkey_sampler.main import create_app
 from services.hotkey_sampler.publisher import Published, diff
+from services.hotkey_sampler.settings import SamplerSettings
 from services.hotkey_sampler.window import DecayingTopK
 
 
@@ -39,3 +48,30 @@ def test_diff_writes_only_changes() -> None:
     assert d.put_hot == {"c": 2000.0}  # a moved <25%: not rewritten
     assert d.delete_hot == ["b"]
     assert d.put_heat == ["c"] and d.delete_heat == ["a"]
+
+
+# -- the app: the gateway's mirrored copies of reads --------------------------------------------
+def test_the_sampler_counts_the_gateways_mirrored_reads_on_the_read_routes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Envoy mirrors GET READ_TEMPLATE and POST BATCH_READ_PATH as they are (C8)."""
+    for k in [k for k in os.environ if k.startswith("LIKES_")]:
+        monkeypatch.delenv(k)
+    with socket.socket() as s:  # etcd is down: the publish loop retries, the routes still count
+        s.bind(("127.0.0.1", 0))
+        dead = int(s.getsockname()[1])
+    cfg = SamplerSettings(etcd_host="127.0.0.1", etcd_port=dead, sampler_mirror_percent=50)
+    with TestClient(create_app(cfg)) as client:
+        r = client.get(routes.read_path("viral"))
+        assert (r.status_code, r.json()) == (202, {"accepted": 1})
+        r = client.post(routes.BATCH_READ_PATH, json={"post_ids": ["viral", "cold"]})
+        assert (r.status_code, r.json()) == (202, {"accepted": 2})
+        assert (
+            client.post(routes.BATCH_READ_PATH, json={"post_ids": ["x"] * 1001}).status_code == 422
+        )
+        assert client.post("/v1/samples", json={"post_ids": ["a"]}).status_code in (404, 405)
+        window: DecayingTopK = client.app.state.window  # type: ignore[attr-defined]
+        # the single read and the batch both landed in the window (decay aside, 2:1)
+        assert window.rate("viral") == pytest.approx(2 * window.rate("cold"), rel=0.05)
+        top = client.get("/v1/top", params={"k": 1}).json()
+        assert [t["post_id"] for t in top] == ["viral"]

@@ -1,0 +1,88 @@
+"""Our workloads, defined once: name, entry point, port, probe paths and settings class.
+
+The Pulumi program renders each Deployment from this table (infra/services.py, infra/operator.py)
+and the local stack runs what the program rendered (local/rendered.py); the services serve the
+paths named here and label their metrics with `name`. Nothing here imports a service module, so
+the program can read it without pulling in the stores' client libraries.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from services.contracts.settings import Settings
+
+HEALTH_PATH = "/healthz"  # liveness: the process turns
+READY_PATH = "/readyz"  # readiness: it can do its job now (503 with named checks when not)
+METRICS_PATH = "/metrics"
+HTTP_PORT = 8080  # HTTP services: API, probes and metrics on one port
+OPS_PORT = 9100  # Kafka workers and the operator: probes and metrics only
+BIND_ALL = "0.0.0.0"  # a pod's probes and scrapes arrive on its pod IP
+
+Kind = Literal["http", "worker", "operator"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # Deployment, Service, app label, local server name and `service` metric label
+    kind: Kind
+    module: str  # http: the module of `create_app`; worker: the `python -m` module
+    settings: str  # "module:Class" of its settings; the program renders env from this class
+    port: int
+
+    def command(self, host: str = BIND_ALL, port: int | None = None) -> list[str]:
+        """The container command (the local stack transforms interpreter, host and port)."""
+        p = str(self.port if port is None else port)
+        if self.kind == "http":
+            return ["uvicorn", "--factory", f"{self.module}:create_app", "--host", host,
+                    "--port", p, "--no-access-log"]  # fmt: skip
+        if self.kind == "worker":
+            return ["python", "-m", self.module, "--host", host, "--port", p]
+        # the operator in a cluster: Kopf, with its liveness endpoint on the ops port
+        return ["kopf", "run", "--all-namespaces", "--standalone",
+                f"--liveness=http://{host}:{p}{HEALTH_PATH}", "-m", self.module]  # fmt: skip
+
+    def settings_class(self) -> type[Settings]:
+        mod, _, cls = self.settings.partition(":")
+        return getattr(importlib.import_module(mod), cls)
+
+    @property
+    def ready_path(self) -> str:
+        # Kopf serves only its liveness endpoint; the reconcile pass reports through the CR
+        return HEALTH_PATH if self.kind == "operator" else READY_PATH
+
+
+BASE = "services.contracts.settings:Settings"
+WRITE = Workload("write", "http", "services.write.main", BASE, HTTP_PORT)
+READ = Workload("read", "http", "services.read.main", BASE, HTTP_PORT)
+HOTKEY_SAMPLER = Workload(
+    "hotkey-sampler",
+    "http",
+    "services.hotkey_sampler.main",
+    "services.hotkey_sampler.settings:SamplerSettings",
+    HTTP_PORT,
+)
+OUTBOX_RELAY = Workload("outbox-relay", "worker", "services.relay", BASE, OPS_PORT)
+AGGREGATOR = Workload(
+    "aggregator",
+    "worker",
+    "services.aggregator",
+    "services.aggregator.settings:AggregatorSettings",
+    OPS_PORT,
+)
+HOTKEY_OPERATOR = Workload(
+    "hotkey-operator",
+    "operator",
+    "operators.hotkeys.handlers",
+    "operators.hotkeys.settings:OperatorSettings",
+    OPS_PORT,
+)
+
+# The abuse scorer joins when services/abuse exists (issue: anti-abuse scorer); until then the
+# program deploys nothing for it rather than a pod that crash-loops.
+SERVICES: tuple[Workload, ...] = (WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR)
+ALL: tuple[Workload, ...] = (*SERVICES, HOTKEY_OPERATOR)
+BY_NAME = {w.name: w for w in ALL}

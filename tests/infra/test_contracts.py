@@ -1,0 +1,550 @@
+"""The contract suite: what the program renders for each stack, checked against the code it deploys.
+
+The infra layer used to be verified only against itself (review H13). Each check below reads a
+rendered resource (Pulumi mocks, `plans` fixture: one plan per stack per session) and the code
+that resource configures, and fails when the two disagree:
+
+- (a) env names and values: the workload's own settings class builds from its rendered env (C1)
+- (b) bind address, container port, command port and probe port agree (C2)
+- (c) probe paths are routes the code serves; readiness can turn false (H14)
+- (d) the operator's Kopf module watches the CRD the program installs; its policy parses (C4)
+- (e) the gateway mirrors reads to the sampler's Service, on routes the sampler serves (C8)
+- (f) the topics the program creates are the code's topics
+- (g) the idem-store is a Redis Cluster on both sides; Redis clients get the password (C3)
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+import kopf
+import pytest
+from cassandra.connection import DefaultEndPoint
+from cassandra.policies import SimpleConvictionPolicy
+from cassandra.pool import Host
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+from redis.cluster import RedisCluster
+from starlette.routing import Match
+
+from infra import config, envoy_config, plan
+from infra import services as infra_services
+from operators.hotkeys import handlers
+from operators.hotkeys.policy import InvalidPolicy, Policy
+from services.aggregator.settings import AggregatorSettings
+from services.common import worker_http
+from services.contracts import clients, events, routes, workloads
+from services.contracts.settings import Settings, UnknownVariable, parse_nodes
+from tests.infra.conftest import STACKS, by_kind, named
+
+# the `env` each stack's workloads must run under (never the local defaults)
+ENV_OF_STACK = {"staging": "staging", "prod-us": "prod", "prod-eu": "prod"}
+DUMMY_SECRET = "dummy-secret-from-a-secret-key-ref"
+NOT_SETTINGS = frozenset({"PYTHONDONTWRITEBYTECODE"})  # the only non-LIKES_* env we set
+# workloads that open a Redis connection (count-cache, idem-store or hot pools)
+REDIS_CLIENTS = (
+    workloads.WRITE, workloads.READ, workloads.AGGREGATOR, workloads.HOTKEY_OPERATOR,
+)  # fmt: skip
+
+WORKLOAD_CASES = [pytest.param(s, w, id=f"{s}-{w.name}") for s in STACKS for w in workloads.ALL]
+
+
+def test_every_stack_has_a_known_env() -> None:
+    assert set(STACKS) == set(ENV_OF_STACK)
+
+
+# -- reading the render -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SecretKey:
+    secret: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Container:
+    namespace: str
+    pod_labels: dict[str, str]
+    command: list[str]
+    env: dict[str, str | SecretKey]
+    ports: list[int]
+    liveness: tuple[str, int]
+    readiness: tuple[str, int]
+    annotations: dict[str, str]
+
+    def resolved_env(self) -> dict[str, str]:
+        """The env a pod would see, with every secretKeyRef standing in as a dummy value."""
+        return {k: DUMMY_SECRET if isinstance(v, SecretKey) else v for k, v in self.env.items()}
+
+
+def _probe(raw: dict[str, Any]) -> tuple[str, int]:
+    return raw["httpGet"]["path"], int(raw["httpGet"]["port"])
+
+
+def container_of(p: plan.Plan, w: workloads.Workload) -> Container:
+    """The one container of the workload's Deployment (Deployments are named by workload)."""
+    dep = named(p, "Deployment", w.name).inputs
+    template = dep["spec"]["template"]
+    (c,) = template["spec"]["containers"]
+    env: dict[str, str | SecretKey] = {}
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        env[e["name"]] = SecretKey(ref["name"], ref["key"]) if ref else str(e["value"])
+    return Container(
+        namespace=dep["metadata"]["namespace"],
+        pod_labels=template["metadata"]["labels"],
+        command=[*c.get("command", []), *c.get("args", [])],
+        env=env,
+        ports=[int(port["containerPort"]) for port in c.get("ports", [])],
+        liveness=_probe(c["livenessProbe"]),
+        readiness=_probe(c["readinessProbe"]),
+        annotations=template["metadata"].get("annotations") or {},
+    )
+
+
+@pytest.fixture()
+def build_settings(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Settings]:
+    """The workload's settings class, constructed as a pod would: from exactly this env."""
+
+    def build(w: workloads.Workload, env: dict[str, str]) -> Settings:
+        with monkeypatch.context() as m:
+            for k in list(os.environ):
+                m.delenv(k)
+            for k, v in env.items():
+                m.setenv(k, v)
+            return w.settings_class()()
+
+    return build
+
+
+def likes_env(c: Container) -> dict[str, str]:
+    return {k: v for k, v in c.resolved_env().items() if k.startswith("LIKES_")}
+
+
+# -- (a) env: names the settings class reads, values it accepts (C1) ----------------------------
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_every_env_name_the_program_sets_is_read_by_the_workloads_settings(
+    plans: dict[str, plan.Plan], stack: str, w: workloads.Workload
+) -> None:
+    c = container_of(plans[stack], w)
+    names = set(c.env)
+    unread = {n for n in names if n.startswith("LIKES_")} - w.settings_class().env_names()
+    assert unread == set(), f"{w.name} sets {sorted(unread)}, which its settings never read"
+    assert {n for n in names if not n.startswith("LIKES_")} <= NOT_SETTINGS
+
+
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_the_workloads_settings_build_from_its_rendered_env(
+    plans: dict[str, plan.Plan],
+    build_settings: Callable[..., Settings],
+    stack: str,
+    w: workloads.Workload,
+) -> None:
+    c = container_of(plans[stack], w)
+    env = likes_env(c)
+    s = build_settings(w, env)
+    assert s.env == ENV_OF_STACK[stack] == env["LIKES_ENV"]
+    # every rendered variable reached a field (none silently fell back to a default)
+    assert {type(s).env_name(f) for f in s.model_fields_set} >= set(env)
+    assert s.redis_auth == DUMMY_SECRET
+    # the check can fail: a misspelled name is refused, a missing endpoint is named
+    with pytest.raises(UnknownVariable, match="LIKES_KAFKA_BOOTSTRAPS"):
+        build_settings(w, {**env, "LIKES_KAFKA_BOOTSTRAPS": env["LIKES_KAFKA_BOOTSTRAP"]})
+    without = {k: v for k, v in env.items() if k != "LIKES_KAFKA_BOOTSTRAP"}
+    with pytest.raises(ValidationError, match="LIKES_KAFKA_BOOTSTRAP"):
+        build_settings(w, without)
+
+
+def test_the_aggregator_purges_the_cdn_with_the_purge_token_secret(
+    plans: dict[str, plan.Plan],
+) -> None:
+    for stack in STACKS:
+        c = container_of(plans[stack], workloads.AGGREGATOR)
+        name = AggregatorSettings.env_name
+        assert c.env[name("cdn_purger")] == "cloudflare"
+        token = c.env[name("cloudflare_api_token")]
+        assert token == SecretKey(infra_services.CDN_PURGE_SECRET, "token")
+        secret = named(plans[stack], "Secret", token.secret).inputs
+        assert secret["metadata"]["namespace"] == c.namespace
+        assert set(secret["stringData"]) == {token.key}
+
+
+# -- (b) bind address and ports (C2) ------------------------------------------------------------
+def _flag(command: list[str], flag: str) -> str:
+    assert flag in command, f"{flag} missing from {command}"
+    return command[command.index(flag) + 1]
+
+
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_the_workload_binds_all_interfaces_on_the_port_its_probes_hit(
+    plans: dict[str, plan.Plan], stack: str, w: workloads.Workload
+) -> None:
+    c = container_of(plans[stack], w)
+    if w.kind == "operator":
+        (liveness,) = [a for a in c.command if a.startswith("--liveness=")]
+        url = urlsplit(liveness.removeprefix("--liveness="))
+        host, port, path = url.hostname, url.port, url.path
+        assert path == workloads.HEALTH_PATH  # Kopf serves its liveness endpoint on this path
+    else:
+        host, port = _flag(c.command, "--host"), int(_flag(c.command, "--port"))
+    assert host == workloads.BIND_ALL, f"{w.name} binds {host}: the kubelet probes the pod IP"
+    assert c.ports == [port] == [w.port]
+    assert c.liveness == (workloads.HEALTH_PATH, port)
+    assert c.readiness == (w.ready_path, port)
+    if c.annotations.get("prometheus.io/scrape") == "true":
+        assert c.annotations["prometheus.io/port"] == str(port)
+        assert c.annotations["prometheus.io/path"] == workloads.METRICS_PATH
+
+
+@pytest.mark.parametrize(
+    "w", [w for w in workloads.ALL if w.kind == "worker"], ids=lambda w: w.name
+)
+def test_worker_entry_points_take_the_host_the_program_passes(w: workloads.Workload) -> None:
+    # the rendered `--host 0.0.0.0` must be a flag the module parses, or it exits at start
+    out = subprocess.run(
+        [sys.executable, "-m", w.module, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--host" in out.stdout and "--port" in out.stdout
+
+
+# -- (c) probe paths are served; readiness can fail ---------------------------------------------
+def _app(w: workloads.Workload) -> FastAPI:
+    """The workload's app as uvicorn --factory builds it, lifespan not started (no stores)."""
+    factory = importlib.import_module(w.module).create_app
+    app: FastAPI = factory(w.settings_class()(env="local"))
+    return app
+
+
+@pytest.fixture()
+def local_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("LIKES_"):
+            monkeypatch.delenv(k)
+
+
+def _serves(app: FastAPI, method: str, path: str) -> bool:
+    """Whether the app's router dispatches `method path` to a route (included routers too:
+    this FastAPI keeps them as one entry of `app.routes`, so a flat path list would miss them)."""
+    scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+    return any(r.matches(scope)[0] == Match.FULL for r in app.routes)
+
+
+@pytest.mark.usefixtures("local_env")
+@pytest.mark.parametrize("w", [w for w in workloads.ALL if w.kind == "http"], ids=lambda w: w.name)
+def test_http_workloads_serve_their_probe_and_metrics_paths(w: workloads.Workload) -> None:
+    app = _app(w)
+    for path in (workloads.HEALTH_PATH, workloads.READY_PATH, workloads.METRICS_PATH):
+        assert _serves(app, "GET", path), f"{w.name} does not serve GET {path}"
+    assert not _serves(app, "GET", "/healthz-typo")  # the matcher can say no
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_workers_serve_their_probe_and_metrics_paths_and_readiness_turns_false() -> None:
+    checks = {"edge-store": True}
+    server = worker_http.serve("127.0.0.1", 0, lambda: dict(checks))
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert _get(base + workloads.HEALTH_PATH)[0] == 200
+        assert _get(base + workloads.READY_PATH)[0] == 200
+        status, body = _get(base + workloads.METRICS_PATH)
+        assert status == 200 and b"# HELP" in body
+        checks["edge-store"] = False
+        status, body = _get(base + workloads.READY_PATH)
+        assert status == 503 and json.loads(body)["checks"] == {"edge-store": False}
+        assert _get(base + "/nope")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "w", [w for w in workloads.ALL if w.kind == "worker"], ids=lambda w: w.name
+)
+def test_worker_modules_serve_ops_through_worker_http_on_the_parsed_address(
+    w: workloads.Workload,
+) -> None:
+    spec = importlib.util.find_spec(f"{w.module}.__main__")
+    assert spec is not None and spec.origin is not None
+    source = Path(spec.origin).read_text()
+    assert re.search(r"worker_http\.serve\(\s*args\.host,\s*args\.port", source), (
+        f"{w.module} does not serve its probes on --host/--port"
+    )
+
+
+def _host(state: str) -> Host:
+    h = Host(DefaultEndPoint("127.0.0.1"), SimpleConvictionPolicy)
+    if state == "up":
+        h.set_up()
+    elif state == "down":
+        h.set_down()
+    return h  # "unknown": the driver never reached it (is_up is None)
+
+
+class _Idem:
+    def ping(self) -> bool:
+        return True
+
+
+@pytest.mark.usefixtures("local_env")
+@pytest.mark.parametrize(
+    ("hosts", "ready"),
+    [
+        (["down", "down", "down"], False),  # H14: all_hosts() lists down hosts too
+        (["unknown"], False),
+        ([], False),
+        (["down", "up"], True),
+    ],
+)
+def test_write_readiness_is_false_when_the_driver_has_no_live_edge_store_host(
+    hosts: list[str], ready: bool
+) -> None:
+    app = _app(workloads.WRITE)
+    # the lifespan is not run: the writer's driver objects stand in (real cassandra Hosts)
+    metadata = SimpleNamespace(all_hosts=lambda: [_host(h) for h in hosts])
+    app.state.writer = SimpleNamespace(
+        idem=_Idem(), session=SimpleNamespace(cluster=SimpleNamespace(metadata=metadata))
+    )
+    r = TestClient(app).get(workloads.READY_PATH)
+    assert r.status_code == (200 if ready else 503)
+    assert r.json()["checks"]["edge-store"] is ready
+
+
+# -- (d) the operator and its CRD (C4) ----------------------------------------------------------
+def _crd(p: plan.Plan) -> dict[str, Any]:
+    (crd,) = by_kind(p, "CustomResourceDefinition")
+    return crd.inputs
+
+
+def _strip_k8s_extensions(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _strip_k8s_extensions(v) for k, v in schema.items()
+                if not k.startswith("x-kubernetes")}  # fmt: skip
+    if isinstance(schema, list):
+        return [_strip_k8s_extensions(v) for v in schema]
+    return schema
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_operator_watches_the_crd_the_program_installs(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    crd = _crd(plans[stack])["spec"]
+    served = [v["name"] for v in crd["versions"] if v["served"]]
+    group, plural, kind = crd["group"], crd["names"]["plural"], crd["names"]["kind"]
+    assert (group, plural) == (handlers.GROUP, handlers.PLURAL)
+    assert handlers.VERSION in served
+    # the module the Deployment runs registers a handler that selects exactly that resource
+    c = container_of(plans[stack], workloads.HOTKEY_OPERATOR)
+    module = _flag(c.command, "-m")
+    assert module == workloads.HOTKEY_OPERATOR.module
+    importlib.import_module(module)
+    resource = kopf.Resource(group, handlers.VERSION, plural, kind=kind, namespaced=True)
+    other = kopf.Resource("likes.example.com", handlers.VERSION, plural, kind=kind)
+    ours = [
+        h
+        for h in kopf.get_default_registry()._spawning.get_all_handlers()
+        if h.fn.__module__ == module
+    ]
+    assert ours and all(h.selector is not None and h.selector.check(resource) for h in ours)
+    assert not any(h.selector is not None and h.selector.check(other) for h in ours)
+    # and may read it: RBAC on the CRD's group and plural
+    role = next(r for r in by_kind(plans[stack], "ClusterRole") if "hotkey-operator" in r.name)
+    assert any(
+        group in rule["apiGroups"] and plural in rule["resources"] and "watch" in rule["verbs"]
+        for rule in role.inputs["rules"]
+    )
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_default_policy_parses_with_the_operators_reading_and_the_crd_schema(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    crd = _crd(plans[stack])
+    (policy,) = by_kind(plans[stack], crd["spec"]["names"]["kind"])
+    served = next(v for v in crd["spec"]["versions"] if v["name"] == handlers.VERSION)
+    assert policy.inputs["apiVersion"] == f"{crd['spec']['group']}/{served['name']}"
+    parsed = Policy.from_spec(policy.inputs["spec"])
+    assert parsed.replication_factor <= configs[stack].redis.hot_pools
+    schema = _strip_k8s_extensions(served["schema"]["openAPIV3Schema"])
+    validator = jsonschema.Draft4Validator(schema)  # OpenAPI v3.0: boolean exclusiveMinimum
+    validator.validate(policy.inputs)
+    # both readings can fail: the old infra spec's fields, and a value out of the schema's range
+    with pytest.raises(InvalidPolicy, match="hotThresholdQps"):
+        Policy.from_spec({**policy.inputs["spec"], "hotThresholdQps": 1000})
+    too_many = {**policy.inputs["spec"], "replicationFactor": configs[stack].redis.hot_pools + 1}
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate({**policy.inputs, "spec": too_many})
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_operator_copies_into_every_hot_pool_the_program_declares(
+    plans: dict[str, plan.Plan],
+    configs: dict[str, config.StackConfig],
+    build_settings: Callable[..., Settings],
+    stack: str,
+) -> None:
+    w = workloads.HOTKEY_OPERATOR
+    s = build_settings(w, likes_env(container_of(plans[stack], w)))
+    pools = [r for r in by_kind(plans[stack], "StatefulSet") if r.name.startswith("hot-pool-")]
+    hosts = {h.split(".", 1)[0] for h, _ in s.hot_pool_addresses}  # type: ignore[attr-defined]
+    assert hosts == {r.inputs["metadata"]["name"] for r in pools}
+    assert len(s.hot_pool_addresses) == configs[stack].redis.hot_pools  # type: ignore[attr-defined]
+
+
+# -- (e) the gateway's mirror reaches the sampler (C8) ------------------------------------------
+def _walk_routes(o: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(o, dict):
+        if "match" in o and "route" in o:
+            yield o
+        for v in o.values():
+            yield from _walk_routes(v)
+    elif isinstance(o, list):
+        for v in o:
+            yield from _walk_routes(v)
+
+
+def _concrete(match: dict[str, Any]) -> tuple[str, str]:
+    """(method, a path the route matches): the request Envoy would mirror."""
+    (method,) = [h["stringMatch"]["exact"] for h in match["headers"] if h["name"] == ":method"]
+    if "path" in match:
+        return method, match["path"]
+    path = routes.read_path("p-1")
+    assert re.fullmatch(match["safeRegex"]["regex"], path), match
+    return method, path
+
+
+@pytest.mark.usefixtures("local_env")
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_gateway_mirrors_reads_to_the_samplers_service_on_routes_it_serves(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    bootstrap = json.loads(named(plans[stack], "ConfigMap", "envoy").inputs["data"]["envoy.json"])
+    mirrored = [
+        (r, m) for r in _walk_routes(bootstrap) for m in r["route"].get("requestMirrorPolicies", [])
+    ]
+    assert {m["cluster"] for _, m in mirrored} == {envoy_config.SAMPLER_CLUSTER}
+    # the mirror cluster resolves the sampler's Service, on the port its pods listen on
+    (cluster,) = [
+        c
+        for c in bootstrap["staticResources"]["clusters"]
+        if c["name"] == envoy_config.SAMPLER_CLUSTER
+    ]
+    (endpoint,) = [e for loc in cluster["loadAssignment"]["endpoints"] for e in loc["lbEndpoints"]]
+    address = endpoint["endpoint"]["address"]["socketAddress"]
+    sampler = container_of(plans[stack], workloads.HOTKEY_SAMPLER)
+    svc = named(plans[stack], "Service", workloads.HOTKEY_SAMPLER.name).inputs
+    assert (
+        address["address"]
+        == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
+    )
+    assert svc["metadata"]["namespace"] == sampler.namespace
+    (port,) = svc["spec"]["ports"]
+    assert int(address["portValue"]) == int(port["port"])
+    assert int(port["targetPort"]) in sampler.ports
+    assert svc["spec"]["selector"].items() <= sampler.pod_labels.items()
+    # the mirrored requests are the public read routes, and the sampler app serves each
+    requests = {_concrete(r["match"]) for r, _ in mirrored}
+    assert requests == {("GET", routes.read_path("p-1")), ("POST", routes.BATCH_READ_PATH)}
+    app = _app(workloads.HOTKEY_SAMPLER)
+    for method, path in requests:
+        assert _serves(app, method, path), f"the sampler does not serve {method} {path}"
+    assert not _serves(app, "GET", "/v1/samples")  # the matcher can say no
+
+
+# -- (f) topics ---------------------------------------------------------------------------------
+@pytest.mark.usefixtures("local_env")
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_program_creates_exactly_the_codes_topics(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    created = {t.inputs["metadata"]["name"] for t in by_kind(plans[stack], "KafkaTopic")}
+    assert created == {*events.EVENT_TOPICS, events.DEAD_LETTER}
+    agg = AggregatorSettings()  # the aggregator's own topic names, without a test prefix
+    assert {*agg.source_topics, agg.dead_letter_topic} == created
+
+
+# -- (g) Redis: the idem-store is a cluster on both sides; AUTH everywhere (C3) -----------------
+class _RecordingCluster(RedisCluster):
+    """A RedisCluster that records how it was built instead of connecting."""
+
+    def __init__(self, **kwargs: Any) -> None:  # no super(): nothing to connect to here
+        self.kwargs = kwargs
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_idem_store_is_a_redis_cluster_in_the_program_and_in_the_client(
+    plans: dict[str, plan.Plan],
+    build_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    stack: str,
+) -> None:
+    p = plans[stack]
+    conf = named(p, "ConfigMap", "idem-store-conf").inputs["data"]["redis.conf"].splitlines()
+    assert "cluster-enabled yes" in conf
+    job = named(p, "Job", "idem-store-create").inputs
+    assert "--cluster create" in job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    sts = named(p, "StatefulSet", "idem-store").inputs
+    redis_port = next(
+        int(port["containerPort"])
+        for port in sts["spec"]["template"]["spec"]["containers"][0]["ports"]
+        if port["name"] == "redis"
+    )
+    s = build_settings(workloads.WRITE, likes_env(container_of(p, workloads.WRITE)))
+    ns = sts["metadata"]["namespace"]
+    assert s.idem_store_startup == [(f"idem-store.{ns}.svc.cluster.local", redis_port)]
+    monkeypatch.setattr(clients, "RedisCluster", _RecordingCluster)
+    for factory in (clients.idem_store, clients.count_cache):
+        client = factory(s)
+        assert isinstance(client, RedisCluster), f"{factory.__name__} is not a cluster client"
+        kw = client.kwargs  # type: ignore[attr-defined]
+        assert kw["password"] == DUMMY_SECRET
+        nodes = [(n.host, n.port) for n in kw["startup_nodes"]]
+        seeds = s.idem_store_nodes if factory is clients.idem_store else s.count_cache_nodes
+        assert nodes == parse_nodes(seeds)
+
+
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_redis_clients_get_the_password_from_the_redis_auth_secret(
+    plans: dict[str, plan.Plan], stack: str, w: workloads.Workload
+) -> None:
+    c = container_of(plans[stack], w)
+    name = Settings.env_name("redis_password")
+    if w not in REDIS_CLIENTS and name not in c.env:
+        return
+    ref = c.env.get(name)
+    assert ref == SecretKey(infra_services.AUTH_SECRET, "password"), f"{w.name}: {name} = {ref}"
+    secret = next(
+        r.inputs
+        for r in by_kind(plans[stack], "Secret")
+        if r.inputs["metadata"]["name"] == ref.secret
+        and r.inputs["metadata"]["namespace"] == c.namespace
+    )
+    assert set(secret["stringData"]) == {ref.key}
+    # and the Redis servers require it: AUTH that nobody checks protects nothing
+    for role in ("count-cache", "idem-store", "hot-pool-0"):
+        cmd = named(plans[stack], "StatefulSet", role).inputs["spec"]["template"]["spec"][
+            "containers"
+        ][0]["command"]
+        assert "--requirepass" in cmd, role
