@@ -55,4 +55,21 @@ fi
 # 3. Maven: resolve the Kafka and Cassandra classpaths (jars land in ~/.m2, reused next time).
 say "resolving Kafka and Cassandra from Maven Central"
 .venv/bin/python -m local.maven kafka cassandra
+# 4. envoyproxy/ratelimit, built from the commit the program deploys (infra/gateway.py pins it), into
+#    a repo-local GOBIN that survives `down --wipe`; skipped when that exact version is installed.
+rl_version=$(.venv/bin/python -c 'from infra import gateway as g; print(g.RATELIMIT_VERSION)')
+rl_module=github.com/envoyproxy/ratelimit
+rl_bin=.cache/bin/service_cmd
+if ! command -v go >/dev/null; then
+  echo "local/setup.sh: Go is needed to build $rl_module@$rl_version (https://go.dev/dl/)" >&2
+  exit 1
+fi
+if [ -x "$rl_bin" ] && go version -m "$rl_bin" 2>/dev/null \
+    | grep -qE "^[[:space:]]+mod[[:space:]]+$rl_module[[:space:]]+$rl_version[[:space:]]"; then
+  say "ratelimit service $rl_version present"
+else
+  say "building the ratelimit service $rl_module@$rl_version"
+  mkdir -p .cache/bin
+  GOBIN="$PWD/.cache/bin" go install "$rl_module/src/service_cmd@$rl_version"
+fi
 say "setup done"
