@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -239,23 +238,19 @@ def main() -> None:
 
     from redis.cluster import ClusterNode, RedisCluster
 
-    from local import layout
-    from services.contracts import auth, bloom, keys
+    from local import layout, transforms
+    from services.contracts import bloom, keys
     from services.contracts.settings import Settings
 
     lay = layout.from_env()
-    ports = lay.ports
-    env = dict(os.environ)
-    env.update(
-        {
-            "LIKES_COUNT_CACHE_NODES": ",".join(f"{layout.HOST}:{p}" for p in ports.count_cache),
-            "LIKES_CASSANDRA_PORT": str(ports.cassandra_native),
-            "LIKES_ETCD_PORT": str(ports.etcd_client),
-            "LIKES_LOG_LEVEL": "WARNING",
-            "PYTHONPATH": str(REPO),
-        }
+    # the read service's env exactly as the stack runs it (its rendered spec, transformed)
+    proc = next(
+        p for p in transforms.processes(lay, lay.stack, check=False) if p.workload.name == "read"
     )
-    settings = Settings(count_cache_nodes=env["LIKES_COUNT_CACHE_NODES"])
+    env = {**proc.env, "LIKES_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
+    settings = Settings.model_validate(
+        {k.removeprefix("LIKES_").lower(): v for k, v in env.items() if k.startswith("LIKES_")}
+    )
 
     # warm counts: the aggregate the service reads, and a plain key the baseline GETs
     rc = RedisCluster(
@@ -280,7 +275,7 @@ def main() -> None:
     pipe.execute()
     user = f"bench-user-{run}"
     bloom.add(rc, user, f"not-a-bench-post-{run}")  # a filter that says "no" to every bench post
-    token = auth.issue_token(settings, user)
+    token = transforms.sign_token(lay, user)
 
     uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log"]
     uvicorn += ["--log-level", "warning"]

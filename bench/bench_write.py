@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -71,13 +70,12 @@ def baseline_app() -> Any:
 
 
 def like_requests(n: int, run: str) -> list[bytes]:
-    from services.contracts import auth
-    from services.contracts.settings import Settings
+    from local import layout, transforms
 
-    settings = Settings(env="local")
+    lay = layout.from_env()
     out = []
     for i in range(n):
-        tok = auth.issue_token(settings, f"bench-{run}-u{i}")
+        tok = transforms.sign_token(lay, f"bench-{run}-u{i}")
         req = post_json("/v1/likes", {"post_id": f"bench-{run}-p{i % 500}", "action": "like"})
         head, _, body = req.partition(b"\r\n\r\n")
         extra = f"\r\nAuthorization: Bearer {tok}\r\nIdempotency-Key: {uuid.uuid4()}"
@@ -94,11 +92,14 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18580, help="baseline port; the service's is +1")
     args = ap.parse_args()
 
-    from local import layout
-    from local.components.services import service_env
+    from local import layout, transforms
 
     lay = layout.from_env()
-    env = {**os.environ, **service_env(lay), "LIKES_LOG_LEVEL": "WARNING"}
+    # the write service's env exactly as the stack runs it (its rendered spec, transformed)
+    proc = next(
+        p for p in transforms.processes(lay, lay.stack, check=False) if p.workload.name == "write"
+    )
+    env = {**proc.env, "LIKES_LOG_LEVEL": "WARNING"}
     uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log"]
     uvicorn += ["--log-level", "warning", "--factory"]
     base_port, write_port = args.port, args.port + 1

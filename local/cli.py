@@ -14,7 +14,8 @@ from rich.panel import Panel
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from local import components, layout, supervisor
+from local import components, layout, rendered, supervisor, transforms
+from local.components.gateway import MissingBinary
 from local.maven import MavenError
 
 app = typer.Typer(help="The whole data plane on this machine, real servers on loopback.")
@@ -22,9 +23,11 @@ console = Console()
 err = Console(stderr=True)
 
 
-def _supervisor(kafka_brokers: int | None = None) -> supervisor.Supervisor:
-    lay = layout.from_env(kafka_brokers)
-    return supervisor.Supervisor(lay, components.build(lay))
+def _supervisor(
+    kafka_brokers: int | None = None, stack: str | None = None, strict: bool = False
+) -> supervisor.Supervisor:
+    lay = layout.from_env(kafka_brokers, stack)
+    return supervisor.Supervisor(lay, components.build(lay, strict=strict))
 
 
 def _status_table(status: dict[str, dict[str, object]]) -> Table:
@@ -58,14 +61,29 @@ def up(
     only: Annotated[
         list[str] | None, typer.Option(help="Start only these components (and nothing else).")
     ] = None,
+    stack: Annotated[
+        str | None,
+        typer.Option(
+            help="The Pulumi stack whose rendered workloads run (default staging; another "
+            "stack gets its own data folder, .stack-<name>)."
+        ),
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the final status as JSON.")
     ] = False,
 ) -> None:
-    """Start every server that is not running, wait until each answers, print the status.
+    """Render the stack's Pulumi program (under mocks, cached), start every server that is not
+    running from what it renders, wait until each answers, print the status.
 
     Idempotent: a second `up` starts nothing and changes nothing."""
-    lay = layout.from_env()
+    lay = layout.from_env(stack=stack)
+    recorded_stack = layout.recorded_stack(lay.home)
+    if stack is not None and recorded_stack is not None and recorded_stack != stack:
+        err.print(
+            f"[red]error:[/] this stack ({lay.home}) runs the {recorded_stack} render; "
+            "run `likes local down --wipe` first, or set LIKES_HOME to another folder"
+        )
+        raise typer.Exit(2)
     recorded = layout.recorded_brokers(lay.home)
     if kafka_brokers is not None and kafka_brokers not in (1, 3):
         err.print("[red]error:[/] --kafka-brokers must be 1 or 3")
@@ -76,7 +94,19 @@ def up(
             "run `likes local down --wipe` before changing --kafka-brokers"
         )
         raise typer.Exit(2)
-    sup = _supervisor(kafka_brokers or recorded)
+    if not rendered.cache_path(lay.stack).exists():
+        console.print(f"rendering the {lay.stack} stack of the Pulumi program (mocks)…")
+    try:
+        sup = _supervisor(kafka_brokers or recorded, lay.stack, strict=True)
+    except transforms.Disagreement as e:
+        err.print(
+            f"[red]error:[/] the program and the code disagree: workload [bold]{e.workload}[/], "
+            f"{e.field}: {e.problem}"
+        )
+        raise typer.Exit(1) from None
+    except rendered.RenderError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from None
     layout.record_profile(sup.layout)
     unknown = sorted(set(only or ()) - set(sup.components))
     if unknown:
@@ -85,7 +115,7 @@ def up(
     t0 = time.monotonic()
     try:
         started = _run_with_progress(sup, only)
-    except (supervisor.StartError, MavenError) as e:
+    except (supervisor.StartError, MavenError, rendered.RenderError, MissingBinary) as e:
         raise _fail(e) from None
     status = sup.status()
     if json_out:
@@ -214,14 +244,12 @@ def token(
     user_id: Annotated[str, typer.Argument(help="The user the token speaks for (its `sub`).")],
     ttl: Annotated[int, typer.Option(help="Validity in seconds.")] = 3600,
 ) -> None:
-    """Print a bearer token valid on the local stack, e.g. for curl:
+    """Print a bearer token (RS256) signed by the stack's local identity provider, with the
+    issuer and audience the stack's render requires, e.g. for curl:
 
     curl -H "Authorization: Bearer $(likes local token alice)" ...
     """
-    from services.contracts import auth
-    from services.contracts.settings import Settings
-
-    print(auth.issue_token(Settings(env="local"), user_id, ttl_s=ttl))
+    print(transforms.sign_token(layout.from_env(), user_id, ttl_s=ttl))
 
 
 @app.command()
@@ -233,22 +261,19 @@ def demo(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for counts to converge.")] = 60,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Drive a short burst of real likes through the write service (each retried with the same
-    Idempotency-Key, some replayed on purpose) and print the counts the read service converges to.
+    """Drive a short burst of real likes through the gateway (each retried with the same
+    Idempotency-Key, some replayed on purpose) and print the counts the read path converges to.
     """
     import concurrent.futures as cf
     import uuid
 
     from services.client import LikesClient
-    from services.contracts import auth
-    from services.contracts.settings import Settings
 
     lay = layout.from_env()
-    host = layout.HOST
-    client = LikesClient(f"http://{host}:{lay.ports.write}", f"http://{host}:{lay.ports.read}")
+    api = f"http://{layout.HOST}:{lay.ports.gateway}"
+    client = LikesClient(api, api)
     run = uuid.uuid4().hex[:6]
     post_ids = [f"demo-{run}-{i}" for i in range(posts)]
-    settings = Settings(env="local")
     plan = [
         (f"user-{run}-{u}", post_ids[p])
         for u in range(users)
@@ -259,7 +284,7 @@ def demo(
 
     def like(pair: tuple[str, str]) -> int:
         user, post = pair
-        tok = auth.issue_token(settings, user)
+        tok = transforms.sign_token(lay, user)
         key = str(uuid.uuid4())
         first = client.like(post, idempotency_key=key, token=tok).status_code
         # a client retry of the same intent: must not count again

@@ -89,12 +89,44 @@ class Ports:
         return [self._p(7101 + i) for i in range(4)]
 
     @property
+    def issuer(self) -> int:
+        return self._p(8700)  # the local identity provider (JWKS)
+
+    @property
+    def gateway(self) -> int:
+        return self._p(8000)  # Envoy's listener: the API as clients reach it
+
+    @property
+    def gateway_admin(self) -> int:
+        return self._p(8001)
+
+    @property
+    def ratelimit_http(self) -> int:
+        return self._p(8010)  # envoyproxy/ratelimit: /healthcheck and the JSON API
+
+    @property
+    def ratelimit_grpc(self) -> int:
+        return self._p(8011)  # what Envoy's rate limit filter calls
+
+    @property
+    def ratelimit_debug(self) -> int:
+        return self._p(8012)  # /rlconfig, /stats
+
+    @property
+    def ratelimit_redis(self) -> int:
+        return self._p(6480)
+
+    @property
     def prometheus(self) -> int:
         return self._p(9090)
 
     @property
     def alertmanager(self) -> int:
         return self._p(9093)
+
+    @property
+    def webhook_sink(self) -> int:
+        return self._p(9095)  # where the local Alertmanager's receivers post
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,7 @@ class Layout:
     home: Path
     ports: Ports
     kafka_brokers: int = 3
+    stack: str = "staging"  # the Pulumi stack whose render the workloads run
 
     @property
     def data(self) -> Path:
@@ -137,26 +170,54 @@ class Layout:
 PROFILE = "profile.json"
 
 
-def from_env(kafka_brokers: int | None = None) -> Layout:
-    """The stack named by LIKES_HOME / LIKES_PORT_OFFSET; the broker count an existing stack was
-    created with wins over the default, so `status` and `down` see the same servers as `up`."""
-    home = Path(os.environ.get("LIKES_HOME", REPO_ROOT / ".stack")).resolve()
+DEFAULT_STACK = "staging"
+
+
+def _profile(home: Path) -> dict[str, object]:
+    try:
+        data: dict[str, object] = json.loads((home / PROFILE).read_text())
+        return data
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def default_home(stack: str) -> Path:
+    """`.stack` for the default stack; another stack gets its own data folder."""
+    return REPO_ROOT / (".stack" if stack == DEFAULT_STACK else f".stack-{stack}")
+
+
+def from_env(kafka_brokers: int | None = None, stack: str | None = None) -> Layout:
+    """The stack named by LIKES_HOME / LIKES_PORT_OFFSET (and LIKES_STACK); what an existing
+    stack was created with (broker count, Pulumi stack) wins over defaults, so `status` and
+    `down` see the same servers as `up`."""
+    stack = stack or os.environ.get("LIKES_STACK") or None
+    env_home = os.environ.get("LIKES_HOME")
+    home = Path(env_home or default_home(stack or DEFAULT_STACK)).resolve()
     offset = int(os.environ.get("LIKES_PORT_OFFSET", "0"))
+    profile = _profile(home)
     if kafka_brokers is None:
         try:
-            kafka_brokers = int(json.loads((home / PROFILE).read_text())["kafka_brokers"])
-        except (FileNotFoundError, KeyError, ValueError):
+            kafka_brokers = int(str(profile["kafka_brokers"]))
+        except (KeyError, ValueError):
             kafka_brokers = int(os.environ.get("LIKES_KAFKA_BROKERS", "3"))
-    return Layout(home=home, ports=Ports(offset), kafka_brokers=kafka_brokers)
+    stack = stack or str(profile.get("stack") or DEFAULT_STACK)
+    return Layout(home=home, ports=Ports(offset), kafka_brokers=kafka_brokers, stack=stack)
 
 
 def recorded_brokers(home: Path) -> int | None:
     try:
-        return int(json.loads((home / PROFILE).read_text())["kafka_brokers"])
-    except (FileNotFoundError, KeyError, ValueError):
+        return int(str(_profile(home)["kafka_brokers"]))
+    except (KeyError, ValueError):
         return None
+
+
+def recorded_stack(home: Path) -> str | None:
+    value = _profile(home).get("stack")
+    return str(value) if value else None
 
 
 def record_profile(layout: Layout) -> None:
     layout.home.mkdir(parents=True, exist_ok=True)
-    (layout.home / PROFILE).write_text(json.dumps({"kafka_brokers": layout.kafka_brokers}))
+    (layout.home / PROFILE).write_text(
+        json.dumps({"kafka_brokers": layout.kafka_brokers, "stack": layout.stack})
+    )

@@ -109,7 +109,7 @@ class Supervisor:
     def _spawn(self, comp: Component, srv: Server) -> Entry:
         self.layout.ensure()
         log = self.layout.log_file(srv.name).open("ab")
-        env = {**os.environ, **srv.env}
+        env = {**os.environ, **srv.env} if srv.inherit_env else dict(srv.env)
         proc = subprocess.Popen(
             srv.argv,
             stdout=log,

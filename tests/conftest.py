@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from local import components, layout, supervisor
-from local.components.services import service_env
+from local import components, layout, supervisor, transforms
 from services.contracts.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,13 +100,27 @@ class Stack:
     def prometheus_url(self) -> str:
         return f"http://{layout.HOST}:{self.layout.ports.prometheus}"
 
+    def workload_env(self, workload: str = "write") -> dict[str, str]:
+        """The env the stack gives a rendered workload (what `likes local up` started it with)."""
+        for p in transforms.processes(self.layout, self.layout.stack, check=False):
+            if p.workload.name == workload:
+                return {k: v for k, v in p.env.items() if k.startswith("LIKES_")}
+        raise KeyError(workload)
+
     def settings(self, **overrides: object) -> Settings:
-        """Service settings pointing at this stack (what `likes local up` gives its services)."""
-        env = service_env(self.layout)
-        values: dict[str, object] = {
-            k.removeprefix("LIKES_").lower(): v for k, v in env.items() if k.startswith("LIKES_")
-        }
+        """The settings the stack's services run with (their rendered env, transformed)."""
+        env = self.workload_env()
+        values: dict[str, object] = {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
         return Settings.model_validate({**values, **overrides})
+
+    def token(self, user_id: str, ttl_s: int = 3600) -> str:
+        """A bearer token from the stack's local identity provider."""
+        return transforms.sign_token(self.layout, user_id, ttl_s)
+
+    @property
+    def gateway_url(self) -> str:
+        """The API as clients reach it: the rendered Envoy."""
+        return f"http://{layout.HOST}:{self.layout.ports.gateway}"
 
     @property
     def alertmanager_url(self) -> str:
@@ -138,7 +151,12 @@ def stack() -> Iterator[Stack]:
     )
     home = TEST_HOME.resolve()
     brokers = layout.recorded_brokers(home) or 3
-    lay = layout.Layout(home=home, ports=layout.Ports(TEST_OFFSET), kafka_brokers=brokers)
+    lay = layout.Layout(
+        home=home,
+        ports=layout.Ports(TEST_OFFSET),
+        kafka_brokers=brokers,
+        stack=layout.recorded_stack(home) or layout.DEFAULT_STACK,
+    )
     s = Stack(layout=lay, env=env, first_up=first)
     if first.returncode != 0:
         pytest.fail(

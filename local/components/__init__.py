@@ -8,19 +8,33 @@ from local.layout import Layout
 __all__ = ["Component", "ProbeFailed", "Server", "build"]
 
 
-def build(layout: Layout) -> list[Component]:
-    """Every component of the local stack; Prometheus last so it can scrape the others."""
+def build(layout: Layout, strict: bool = True) -> list[Component]:
+    """Every component of the local stack; Prometheus last so it can scrape the others.
+    `strict`: fail when the rendered workloads disagree with the code (see services.build)."""
     # imported here: each module pulls in its own client library
+    from local import rendered
     from local.components import (
         cassandra,
         etcd,
+        gateway,
         hotkeys,
+        issuer,
         kafka,
         observability,
         redis,
         schema_registry,
         services,
     )
+    from services.contracts import workloads
+
+    def _gateway(layout: Layout, strict: bool) -> list[Component]:
+        front = (workloads.WRITE.name, workloads.READ.name, workloads.HOTKEY_SAMPLER.name)
+        try:
+            return gateway.build(layout, layout.stack, upstreams=front)
+        except (rendered.RenderError, gateway.MissingBinary):
+            if strict:
+                raise
+            return []
 
     comps: list[Component] = [
         etcd.Etcd(layout),
@@ -29,8 +43,10 @@ def build(layout: Layout) -> list[Component]:
         kafka.Kafka(layout),
         cassandra.Cassandra(layout),
         schema_registry.SchemaRegistry(layout),
-        *services.build(layout),
         *hotkeys.build(layout),
+        issuer.IdentityProvider(layout),
+        *services.build(layout, strict),
+        *_gateway(layout, strict),
         observability.Alertmanager(layout),
     ]
 

@@ -27,6 +27,7 @@ class Server:
     address: str
     probe: Callable[[], None]
     env: dict[str, str] = field(default_factory=dict)
+    inherit_env: bool = True  # False: `env` is the whole environment (a rendered workload)
     cwd: Path | None = None
     start_timeout: float = 90.0
     stop_timeout: float = 20.0

@@ -1,4 +1,5 @@
-"""The count-cache (a Redis Cluster of 3 primaries + 3 replicas) and the AOF idem-store.
+"""The count-cache (a Redis Cluster of 3 primaries + 3 replicas) and the AOF idem-store (a
+one-shard Redis Cluster).
 
 Both from Debian's redis-server. The cluster uses a short node timeout so a killed primary fails
 over to its replica within a few seconds on a laptop (production keeps Redis's defaults).
@@ -148,6 +149,11 @@ class IdemStore(Component):
                     "protected-mode no",
                     "daemonize no",
                     f"dir {d}",
+                    # a Redis Cluster, as the program declares it, so the services' cluster
+                    # client runs here too (one shard owning every slot; the program has 3)
+                    "cluster-enabled yes",
+                    "cluster-config-file nodes.conf",
+                    f"cluster-node-timeout {CLUSTER_NODE_TIMEOUT_MS}",
                     # idempotency keys must survive a restart: a lost key means a double count
                     "appendonly yes",
                     "appendfsync everysec",
@@ -156,3 +162,17 @@ class IdemStore(Component):
                 ]
             )
         )
+
+    def bootstrap(self) -> None:
+        port = self.layout.ports.idem_store
+        info = CountCache._info(port)
+        if info.get("cluster_slots_assigned") != "16384":
+            with redis.Redis(host=HOST, port=port, socket_timeout=2) as r:
+                r.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+
+        def ok() -> None:
+            state = CountCache._info(port).get("cluster_state")
+            if state != "ok":
+                raise ProbeFailed(f"idem-store: cluster_state={state}")
+
+        wait_until(ok, timeout=30, interval=0.2)

@@ -1,90 +1,59 @@
-"""Our own services and workers as local processes, configured through LIKES_* variables that
-point at the stack's servers (the same settings production fills from its ConfigMaps)."""
+"""Our workloads as local processes, each started from its container as the Pulumi program
+renders it for the stack (local/rendered.py), changed only by local/transforms.py."""
 
 from __future__ import annotations
 
-import os
-import sys
-
-from local.components import kafka
+from local import rendered, transforms
 from local.components.base import Component, Server, http_probe
-from local.layout import HOST, REPO_ROOT, Layout
+from local.layout import HOST, Layout
+from services.contracts import workloads
 
 STORES = ("etcd", "idem-store", "count-cache", "kafka", "cassandra", "schema-registry")
 
 
-def service_env(layout: Layout) -> dict[str, str]:
-    """Settings (services.contracts.settings.Settings) for a process talking to this stack."""
-    p = layout.ports
-    pythonpath = os.pathsep.join(x for x in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if x)
-    return {
-        "PYTHONPATH": pythonpath,
-        "LIKES_ENV": "local",
-        "LIKES_REGION": "local",
-        "LIKES_COUNT_CACHE_NODES": ",".join(f"{HOST}:{x}" for x in p.count_cache),
-        "LIKES_IDEM_STORE_URL": f"redis://{HOST}:{p.idem_store}/0",
-        "LIKES_CASSANDRA_HOSTS": HOST,
-        "LIKES_CASSANDRA_PORT": str(p.cassandra_native),
-        "LIKES_KAFKA_BOOTSTRAP": kafka.bootstrap_servers(layout),
-        "LIKES_SCHEMA_REGISTRY_URL": f"http://{HOST}:{p.schema_registry}",
-        "LIKES_ETCD_HOST": HOST,
-        "LIKES_ETCD_PORT": str(p.etcd_client),
-        "LIKES_SAMPLER_URL": f"http://{HOST}:{p.hotkey_sampler}",
-    }
+class Workload(Component):
+    """One rendered workload: its command, env and probes, transformed for loopback."""
 
-
-class PyService(Component):
-    """One Python process: an HTTP service (uvicorn) or a worker serving /healthz + /metrics."""
-
-    requires = STORES
-
-    def __init__(self, layout: Layout, name: str, port: int, argv: list[str]) -> None:
+    def __init__(self, layout: Layout, process: transforms.Process) -> None:
         super().__init__(layout)
-        self.name = name
-        self.port = port
-        self._argv = argv
+        self.process = process
+        self.name = process.workload.name
+        self.requires = (*STORES, "hot-pools") if process.workload.kind == "operator" else STORES
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{HOST}:{self.process.port}"
 
     def servers(self) -> list[Server]:
+        ready = f"{self.url}{self.process.readiness_path}"
         return [
             Server(
                 name=self.name,
-                argv=[sys.executable, *self._argv],
+                argv=self.process.argv,
                 address=self.url,
-                probe=lambda: http_probe(f"{self.url}/readyz"),
-                env=service_env(self.layout),
+                probe=lambda: http_probe(ready),
+                env=self.process.env,
+                inherit_env=False,  # a pod sees only its rendered env
                 start_timeout=60,
                 stop_timeout=10,
             )
         ]
 
     def metrics_targets(self) -> list[str]:
-        return [f"{HOST}:{self.port}"]
+        return [f"{HOST}:{self.process.port}"]
 
 
-def uvicorn_app(factory: str, port: int) -> list[str]:
-    return [
-        "-m", "uvicorn", factory, "--factory", "--host", HOST, "--port", str(port),
-        "--no-access-log", "--log-level", "warning",
-    ]  # fmt: skip
+def build(layout: Layout, strict: bool = True) -> list[Component]:
+    """A component per workload of the layout's stack. `strict` (up): a disagreement between the
+    render and the code raises, naming workload and field. Otherwise (status, down, logs) the
+    unchecked processes are listed, so a broken render never keeps a stack from stopping."""
+    try:
+        procs = transforms.processes(layout, layout.stack, check=strict)
+    except (transforms.Disagreement, rendered.RenderError):
+        if strict:
+            raise
+        return []
+    return [Workload(layout, p) for p in procs]
 
 
-def build(layout: Layout) -> list[Component]:
-    p = layout.ports
-    write, read = "services.write.main:create_app", "services.read.main:create_app"
-    return [
-        PyService(layout, "write", p.write, uvicorn_app(write, p.write)),
-        PyService(layout, "read", p.read, uvicorn_app(read, p.read)),
-        PyService(
-            layout, "outbox-relay", p.relay, ["-m", "services.relay", "--port", str(p.relay)]
-        ),
-        PyService(
-            layout,
-            "aggregator",
-            p.aggregator,
-            ["-m", "services.aggregator", "--port", str(p.aggregator)],
-        ),
-    ]
+__all__ = ["STORES", "Workload", "build", "workloads"]

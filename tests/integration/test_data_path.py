@@ -12,7 +12,6 @@ import pytest
 from cassandra.cluster import Session
 
 from services.client import LikesClient
-from services.contracts import auth
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -20,7 +19,8 @@ pytestmark = pytest.mark.stack
 
 @pytest.fixture(scope="module")
 def api(stack: Stack) -> LikesClient:
-    return LikesClient(stack.service_url("write"), stack.service_url("read"), attempts=8)
+    # through the gateway, as clients reach the API
+    return LikesClient(stack.gateway_url, stack.gateway_url, attempts=8, vary_client_ip=True)
 
 
 def liked_edges(cql: Session, pairs: list[tuple[str, str]]) -> Counter[str]:
@@ -50,11 +50,9 @@ def converge(api: LikesClient, expected: dict[str, int], timeout: float = 60) ->
 def burst(
     stack: Stack, api: LikesClient, pairs: list[tuple[str, str]], replays: int = 1
 ) -> list[int]:
-    settings = stack.settings()
-
     def one(pair: tuple[str, str]) -> int:
         user, post = pair
-        tok = auth.issue_token(settings, user)
+        tok = stack.token(user)
         key = str(uuid.uuid4())
         codes = [api.like(post, idempotency_key=key, token=tok).status_code]
         codes += [
@@ -82,9 +80,8 @@ def test_unlike_and_relike_counts_the_final_state(
 ) -> None:
     post = f"e2e-{uuid.uuid4().hex[:8]}"
     users = [f"u-{uuid.uuid4().hex[:8]}" for _ in range(6)]
-    settings = stack.settings()
     for i, u in enumerate(users):
-        tok = auth.issue_token(settings, u)
+        tok = stack.token(u)
         actions = ["like", "unlike", "like"] if i % 2 == 0 else ["like", "unlike"]
         for a in actions:
             assert api.like(post, a, token=tok).status_code == 202
@@ -131,7 +128,7 @@ def test_count_cache_primary_killed_reads_stay_200(stack: Stack, api: LikesClien
         while time.monotonic() < deadline:
             import httpx
 
-            r = httpx.get(f"{stack.service_url('read')}/v1/posts/{post}/likes", timeout=5)
+            r = httpx.get(f"{stack.gateway_url}/v1/posts/{post}/likes", timeout=5)
             statuses.append(r.status_code)
             assert r.json()["count"] in (5, None)
             time.sleep(0.2)

@@ -5,15 +5,15 @@ the read service (in-process) answers a hot post from its hot-pool copy and fall
 count-cache when that pool is down, and mirrors its reads to the sampler; the heat hints survive
 an etcd outage for the grace period only. On-call's `likes hotkeys` against the real etcd.
 
-The loop's processes are `local.components.hotkeys`; the fixture starts any that are not already
-running (the stack's build list may not include them yet) and stops only those it started.
+The sampler and the operator's loop are the stack's rendered workloads; the hot pools are
+`local.components.hotkeys`. The sampler receives what the gateway mirrors: copies of the read
+requests themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import socket
@@ -32,12 +32,14 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from infra import envoy_config
+from local import transforms
 from local.components import hotkeys as hk_components
 from local.components.base import ProbeFailed, Server
 from operators.hotkeys import cli as hotkeys_cli
 from operators.hotkeys.local_loop import POLICY_KEY
 from services.client import LikesClient
-from services.contracts import auth, hotkeys, keys
+from services.contracts import hotkeys, keys, routes, workloads
 from services.read.heat import COLD_TTL_S, HOT_TTL_S, EtcdHeat
 from services.read.main import create_app
 from tests.conftest import Stack
@@ -87,7 +89,7 @@ def etcd_put(stack: Stack, key: str, value: bytes | None) -> None:
 
 
 def start(server: Server, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **server.env, **(extra_env or {})}
+    env = {**server.env, **(extra_env or {})}  # a rendered workload's env is its whole env
     proc = subprocess.Popen(
         server.argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -103,22 +105,15 @@ def start(server: Server, extra_env: dict[str, str] | None = None) -> subprocess
             time.sleep(0.2)
 
 
+def sampler_url(stack: Stack) -> str:
+    return f"http://{stack.host}:{stack.layout.ports.hotkey_sampler}"
+
+
 @pytest.fixture(scope="module")
 def loop(stack: Stack) -> Iterator[dict[str, Any]]:
-    """The hot-key loop's servers, with the test policy in etcd."""
+    """The stack's hot-key loop, with the test policy in etcd."""
     etcd_put(stack, POLICY_KEY, json.dumps(POLICY).encode())
-    started: list[subprocess.Popen[bytes]] = []
-    for comp in hk_components.build(stack.layout):
-        for server in comp.servers():
-            try:
-                server.probe()
-            except ProbeFailed:
-                started.append(start(server))
-    yield {"sampler": f"http://{stack.host}:{hk_components.sampler_port(stack.layout)}"}
-    for proc in started:
-        proc.terminate()
-    for proc in started:
-        proc.wait(10)
+    yield {"sampler": sampler_url(stack)}
     etcd_put(stack, POLICY_KEY, None)
 
 
@@ -142,17 +137,14 @@ def zipf_batch(n: int, posts: int = 5000) -> list[str]:
 
 
 def spike(sampler: str, post: str, until: Callable[[], bool], per_batch: int = 20) -> float:
-    """Mirror a viral post (plus background) at ~fraction 1% until `until()`; seconds taken."""
+    """Send the sampler what the gateway's 1% mirror would for a viral post (feed-page batch
+    reads, each id standing for 100 reads) plus a trickle of cold reads, until `until()`."""
     t0 = time.monotonic()
     with httpx.Client(timeout=2) as http:
         while not until():
-            # the viral post as a 1% mirror (each sample weighs 100), the background unsampled
-            http.post(
-                f"{sampler}/v1/samples", json={"post_ids": [post] * per_batch, "fraction": 0.01}
-            )
-            http.post(
-                f"{sampler}/v1/samples", json={"post_ids": zipf_batch(per_batch * 4), "fraction": 1}
-            )
+            http.post(f"{sampler}{routes.BATCH_READ_PATH}", json={"post_ids": [post] * per_batch})
+            # background: one mirrored single read of a Zipf-ish cold post
+            http.get(f"{sampler}{routes.read_path(zipf_batch(1)[0])}")
             time.sleep(0.02)
             if time.monotonic() - t0 > 30:
                 raise AssertionError("spike not detected within 30 s")
@@ -206,15 +198,18 @@ def free_port() -> int:
 def test_a_killed_samplers_flags_expire(stack: Stack, loop: dict[str, Any]) -> None:
     # a second sampler we can kill without touching the stack's
     port = free_port()
-    base = hk_components.build(stack.layout)[1].servers()[0]
+    base = next(
+        p
+        for p in transforms.processes(stack.layout, stack.layout.stack, check=False)
+        if p.workload.name == workloads.HOTKEY_SAMPLER.name
+    )
     server = Server(
         name="sampler-victim",
-        argv=[a if a != str(hk_components.sampler_port(stack.layout)) else str(port)
-              for a in base.argv],
+        argv=[a if a != str(base.port) else str(port) for a in base.argv],
         address=f"http://{stack.host}:{port}",
         probe=lambda: _http_ok(f"http://{stack.host}:{port}/readyz"),
         env=base.env,
-    )  # fmt: skip
+    )
     proc = start(server, {"LIKES_SAMPLER_LEASE_TTL_S": "3"})
     post = f"doomed-{uuid.uuid4().hex[:8]}"
     try:
@@ -250,11 +245,10 @@ def test_a_split_posts_likes_still_sum_exactly(stack: Stack, loop: dict[str, Any
     assert json.loads(shown.output)["split"] == {"factor": 8, "by": "manual"}
     time.sleep(1.5)  # the write service polls the split flags every 0.5 s
 
-    api = LikesClient(stack.service_url("write"), stack.service_url("read"), attempts=8)
-    settings = stack.settings()
+    api = LikesClient(stack.gateway_url, stack.gateway_url, attempts=8, vary_client_ip=True)
     users = [f"u-{uuid.uuid4().hex[:8]}" for _ in range(40)]
     for u in users:
-        tok = auth.issue_token(settings, u)
+        tok = stack.token(u)
         assert api.like(post, idempotency_key=str(uuid.uuid4()), token=tok).status_code == 202
 
     wait_for(lambda: api.count(post)["count"] == len(users), timeout=60, every=0.5)
@@ -285,13 +279,8 @@ def sampler_samples(sampler: str) -> float:
 
 
 @pytest.fixture
-def read_app(
-    stack: Stack, loop: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[TestClient]:
-    """The read service in-process on the stack, mirroring every read (fraction 1) to the
-    stack's sampler (MirrorSettings reads LIKES_SAMPLER_URL/LIKES_SAMPLE_FRACTION)."""
-    monkeypatch.setenv("LIKES_SAMPLER_URL", loop["sampler"])
-    monkeypatch.setenv("LIKES_SAMPLE_FRACTION", "1.0")
+def read_app(stack: Stack, loop: dict[str, Any]) -> Iterator[TestClient]:
+    """The read service in-process on the stack (its settings as the stack renders them)."""
     with TestClient(create_app(stack.settings())) as client:
         yield client
 
@@ -355,21 +344,28 @@ def test_a_down_hot_pool_falls_back_to_the_count_cache(stack: Stack, read_app: T
         redis.Redis(host=stack.host, port=victim).delete(keys.count_key(post))
 
 
-def test_reads_are_mirrored_to_the_sampler(stack: Stack, read_app: TestClient) -> None:
+def test_the_gateway_mirrors_reads_to_the_sampler(stack: Stack, loop: dict[str, Any]) -> None:
+    """Reads through the rendered Envoy reach the sampler as mirrored copies it serves (C8).
+    The mirror fraction is raised to 100 % through Envoy's runtime admin (the same knob on-call
+    has), so the counts are exact rather than 1 % samples."""
     post = f"mirrored-{uuid.uuid4().hex[:8]}"
-    sampler = f"http://{stack.host}:{hk_components.sampler_port(stack.layout)}"
-    received, sent = (
-        sampler_samples(sampler),
-        local_metric("likes_read_mirrored_total", result="sent"),
-    )
-    for _ in range(30):
-        assert read_app.get(f"/v1/posts/{post}/likes").status_code == 200
-    read_app.post("/v1/posts/likes:batch", json={"post_ids": [post] * 10})
-    # the mirror posts its batches in the background (every 0.1 s): the sampler counts them
-    wait_for(lambda: sampler_samples(sampler) >= received + 40, timeout=10)
-    assert local_metric("likes_read_mirrored_total", result="sent") >= sent + 40
-    top = httpx.get(f"{sampler}/v1/top", params={"k": 1000}, timeout=2).json()
-    assert post in {t["post_id"] for t in top}
+    sampler = loop["sampler"]
+    admin = f"http://{stack.host}:{stack.layout.ports.gateway_admin}"
+    key = envoy_config.MIRROR_RUNTIME_KEY
+    assert httpx.post(f"{admin}/runtime_modify", params={key: "100"}).status_code == 200
+    try:
+        received = sampler_samples(sampler)
+        with httpx.Client(base_url=stack.gateway_url, timeout=5) as api:
+            for _ in range(30):
+                assert api.get(routes.read_path(post)).status_code == 200
+            r = api.post(routes.BATCH_READ_PATH, json={"post_ids": [post] * 10})
+            assert r.status_code == 200
+        # fire and forget: the copies arrive shortly after the answers
+        wait_for(lambda: sampler_samples(sampler) >= received + 40, timeout=10)
+        top = httpx.get(f"{sampler}/v1/top", params={"k": 1000}, timeout=2).json()
+        assert post in {t["post_id"] for t in top}
+    finally:
+        httpx.post(f"{admin}/runtime_modify", params={key: ""})
 
 
 def test_heat_hints_survive_an_etcd_outage_for_the_grace_period_only(stack: Stack) -> None:

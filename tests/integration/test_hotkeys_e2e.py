@@ -1,6 +1,6 @@
-"""End to end through the read service's mirror: a Zipf read load over ~200 seeded posts, then a
-sudden viral post. The read service runs in-process and mirrors a fraction of its reads to the
-stack's real sampler; the stack's operator loop replicates into the real hot pools. Measured: the
+"""End to end through the gateway's mirror: a Zipf read load over ~200 seeded posts, then a
+sudden viral post, through the rendered Envoy, which mirrors 1 % of reads (the stack's value) to
+the stack's sampler; the stack's operator loop replicates into the real hot pools. Measured: the
 spike's start → the post's `/likes/hotkeys/` flag in etcd → its `count:{post}` copy, with the
 source count, in every hot pool (→ the `/likes/hotpool/` flag that points readers there, → the
 first read answered from a replica). The figures are printed (`pytest -s`); only correctness is
@@ -26,12 +26,10 @@ import aetcd
 import httpx
 import pytest
 import redis
-from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 from operators.hotkeys.local_loop import POLICY_KEY
-from services.contracts import hotkeys, keys
-from services.read.main import create_app
+from services.contracts import hotkeys, keys, routes
 from tests.conftest import Stack
 from tests.integration.test_hotkeys import count_cache, etcd_get, etcd_put
 
@@ -39,10 +37,10 @@ pytestmark = pytest.mark.stack
 
 COLD_POSTS = 200
 ZIPF_S = 1.0  # rank 1 gets ~1/H(200) ≈ 17% of the cold reads
-FRACTION = 0.2  # the mirror's sample fraction: each sample weighs 5 at the sampler
+# the mirror's sample fraction is the stack's (1 %): each copy weighs 100 at the sampler
 THREADS = 8
 BASELINE_S, BASELINE_RATE = 3.0, 300.0  # reads/s: the hottest cold post at ~50/s
-SPIKE_RATE, VIRAL_SHARE = 600.0, 0.85  # a target: in-process, ~450 reads/s is the ceiling
+SPIKE_RATE, VIRAL_SHARE = 600.0, 0.85  # a target; through Envoy ~400 reads/s is the ceiling
 MAX_REQUESTS = 60_000  # the load's hard cap, whatever happens
 BOUND_S = 60.0  # generous: flagged and replicated within this, or the test fails
 POLL_S = 0.02
@@ -55,7 +53,7 @@ SOURCE_COUNT = 4242
 class Load:
     """Paced reads from a few threads: Zipf over the cold posts, then mostly the viral post."""
 
-    client: TestClient
+    client: httpx.Client  # the gateway
     cold: list[str]
     viral: str
     stop: threading.Event = field(default_factory=threading.Event)
@@ -78,7 +76,7 @@ class Load:
         next_at = time.monotonic()
         while not self.stop.is_set() and next(self.sent) < MAX_REQUESTS:
             post = self.pick(rng)
-            status = self.client.get(f"/v1/posts/{post}/likes").status_code
+            status = self.client.get(routes.read_path(post)).status_code
             now = time.monotonic()
             with self.lock:
                 self.reads.append((now, post, status))
@@ -108,9 +106,15 @@ def require_up(url: str) -> None:
         pytest.fail(f"{url} is not ready: this test needs the stack's hot-key loop")
 
 
-def test_zipf_load_with_a_viral_post_through_the_read_mirror(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def read_metric(url: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=2).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def test_zipf_load_with_a_viral_post_through_the_gateway_mirror(stack: Stack) -> None:
     sampler = f"http://{stack.host}:{stack.layout.ports.hotkey_sampler}"
     require_up(sampler)
     require_up(f"http://{stack.host}:{stack.layout.ports.hotkey_operator}")
@@ -125,8 +129,7 @@ def test_zipf_load_with_a_viral_post_through_the_read_mirror(
     previous = etcd_get(stack, POLICY_KEY)
     etcd_put(stack, POLICY_KEY, json.dumps(POLICY).encode())
 
-    monkeypatch.setenv("LIKES_SAMPLER_URL", sampler)
-    monkeypatch.setenv("LIKES_SAMPLE_FRACTION", str(FRACTION))
+    read = f"http://{stack.host}:{stack.layout.ports.read}"
     loop = asyncio.new_event_loop()
     etcd = aetcd.Client(host=stack.host, port=stack.etcd_port, timeout=2)
 
@@ -138,15 +141,14 @@ def test_zipf_load_with_a_viral_post_through_the_read_mirror(
         return all(r.hget(keys.count_key(viral), "count") == str(SOURCE_COUNT) for r in pools)
 
     def pool_hits() -> float:
-        return REGISTRY.get_sample_value("likes_read_hot_pool_total", {"result": "hit"}) or 0.0
+        return read_metric(read, "likes_read_hot_pool_total", result="hit")
 
     mine = {viral, *cold}
     seen_cold: set[str] = set()
     marks: dict[str, float] = {}
     threads: list[threading.Thread] = []
     try:
-        with TestClient(create_app(stack.settings())) as client:
-            assert client.app.state.mirror is not None  # type: ignore[attr-defined]
+        with httpx.Client(base_url=stack.gateway_url, timeout=5) as client:
             load = Load(client, cold, viral)
             threads = [
                 threading.Thread(target=load.worker, args=(seed,), daemon=True)
@@ -193,7 +195,7 @@ def test_zipf_load_with_a_viral_post_through_the_read_mirror(
         f"\nZipf load {load.achieved(start, t0):.0f} reads/s over {COLD_POSTS} posts "
         f"(hottest cold post {load.achieved(start, t0, cold[0]):.0f}/s); spike "
         f"{load.achieved(t0, end):.0f} reads/s, viral post {load.achieved(t0, end, viral):.0f}/s; "
-        f"mirror fraction {FRACTION}, {len(load.reads)} reads, poll every {POLL_S * 1000:.0f} ms"
+        f"mirror 1 %, {len(load.reads)} reads, poll every {POLL_S * 1000:.0f} ms"
         f"\nspike start → etcd flag {fmt('flag')}, → replicated in all {len(pools)} hot pools "
         f"{fmt('replicated')} (→ hotpool flag {fmt('hotpool')}, → first read from a replica "
         f"{fmt('served')}); cold posts ever flagged: {len(seen_cold)}/{COLD_POSTS}"

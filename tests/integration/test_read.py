@@ -16,15 +16,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aetcd
+import jwt
 import pytest
 import redis
 from cassandra.cluster import Cluster, Session
+from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 from redis.cluster import ClusterNode, RedisCluster
 
 from local.components.redis import CLUSTER_NODE_TIMEOUT_MS
-from services.contracts import auth, bloom, keys
+from services.contracts import bloom, keys
 from services.contracts.settings import Settings
 from services.read.heat import EtcdHeat
 from services.read.main import create_app
@@ -39,19 +41,8 @@ def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def settings_for(stack: Stack) -> Settings:
-    nodes = ",".join(f"{h}:{p}" for h, p in stack.count_cache_nodes)
-    return Settings(
-        count_cache_nodes=nodes,
-        cassandra_hosts=stack.host,
-        cassandra_port=stack.cassandra_port,
-        etcd_host=stack.host,
-        etcd_port=stack.etcd_port,
-    )
-
-
-def bearer(settings: Settings, user_id: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {auth.issue_token(settings, user_id)}"}
+def bearer(stack: Stack, user_id: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {stack.token(user_id)}"}
 
 
 def metric(name: str, **labels: str) -> float:
@@ -60,7 +51,7 @@ def metric(name: str, **labels: str) -> float:
 
 @pytest.fixture
 def settings(stack: Stack) -> Settings:
-    return settings_for(stack)
+    return stack.settings()
 
 
 @pytest.fixture
@@ -213,7 +204,7 @@ def test_the_reader_writes_nothing_back(client: TestClient, rc: RedisCluster, cq
 
 
 def test_has_liked_bloom_no_skips_the_edge_store_and_maybe_is_confirmed(
-    client: TestClient, settings: Settings, rc: RedisCluster, cql: Session
+    stack: Stack, client: TestClient, settings: Settings, rc: RedisCluster, cql: Session
 ) -> None:
     user, liked, other, unliked = uid("u"), uid("p"), uid("p"), uid("p")
     for p in (liked, other, unliked):
@@ -221,7 +212,7 @@ def test_has_liked_bloom_no_skips_the_edge_store_and_maybe_is_confirmed(
     like(rc, cql, user, liked)
     like(rc, cql, user, unliked)
     seed_edge(cql, user, unliked, "unliked")  # the filter cannot forget: the edge decides
-    headers = bearer(settings, user)
+    headers = bearer(stack, user)
 
     no_before = metric("likes_read_has_liked_total", outcome="no")
     maybe_before = metric("likes_read_has_liked_total", outcome="maybe")
@@ -245,12 +236,12 @@ def test_has_liked_bloom_no_skips_the_edge_store_and_maybe_is_confirmed(
 
 
 def test_a_user_without_a_filter_is_answered_from_the_edge_store(
-    client: TestClient, settings: Settings, rc: RedisCluster, cql: Session
+    stack: Stack, client: TestClient, settings: Settings, rc: RedisCluster, cql: Session
 ) -> None:
     user, post = uid("u"), uid("p")
     seed_edge(cql, user, post)  # liked before filters existed: the missing filter means maybe
     assert rc.exists(keys.bloom_key(user)) == 0
-    r = client.get(f"/v1/posts/{post}/likes", headers=bearer(settings, user))
+    r = client.get(f"/v1/posts/{post}/likes", headers=bearer(stack, user))
     assert r.status_code == 200 and r.json()["has_liked"] is True
 
 
@@ -262,8 +253,16 @@ def test_an_invalid_token_is_401_and_no_token_is_anonymous(
     r = client.get(f"/v1/posts/{post}/likes", headers={"Authorization": "Bearer not-a-jwt"})
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "invalid_token"
-    forged = Settings(jwt_secret="another-signing-key-of-at-least-32-bytes")  # type: ignore[arg-type]
-    r = client.get(f"/v1/posts/{post}/likes", headers=bearer(forged, "u1"))
+    # right issuer and audience, but signed by a key the identity provider never published
+    other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    claims = {"sub": "u1", "iss": settings.jwt_issuer, "aud": settings.jwt_audience,
+              "exp": int(time.time()) + 600}  # fmt: skip
+    forged = jwt.encode(claims, other_key, algorithm="RS256", headers={"kid": "rogue"})
+    r = client.get(f"/v1/posts/{post}/likes", headers={"Authorization": f"Bearer {forged}"})
+    assert r.status_code == 401
+    # a shared-secret token is refused whatever its key: there is no symmetric key to know
+    hs = jwt.encode(claims, "a-key-from-some-repository-32-bytes!", algorithm="HS256")
+    r = client.get(f"/v1/posts/{post}/likes", headers={"Authorization": f"Bearer {hs}"})
     assert r.status_code == 401
     r = client.get(f"/v1/posts/{post}/likes")
     assert r.status_code == 200 and "has_liked" not in r.json()
@@ -349,7 +348,7 @@ def test_etcd_unreachable_keeps_the_last_known_heat(stack: Stack) -> None:
 
 
 def test_a_feed_page_of_50_in_one_request(
-    client: TestClient, settings: Settings, rc: RedisCluster, cql: Session
+    stack: Stack, client: TestClient, settings: Settings, rc: RedisCluster, cql: Session
 ) -> None:
     user = uid("u")
     posts = [uid(f"feed{i}") for i in range(50)]
@@ -363,9 +362,7 @@ def test_a_feed_page_of_50_in_one_request(
     liked = set(posts[::7])
     for p in liked:
         like(rc, cql, user, p)
-    r = client.post(
-        "/v1/posts/likes:batch", json={"post_ids": posts}, headers=bearer(settings, user)
-    )
+    r = client.post("/v1/posts/likes:batch", json={"post_ids": posts}, headers=bearer(stack, user))
     assert r.status_code == 200
     assert r.headers["cache-control"] == "private, no-store"
     items = r.json()["items"]
@@ -401,7 +398,7 @@ def test_the_batch_route_is_in_the_openapi(client: TestClient) -> None:
 
 
 def test_an_unexpected_exception_degrades_to_a_stale_200(
-    client: TestClient, settings: Settings, rc: RedisCluster
+    stack: Stack, client: TestClient, settings: Settings, rc: RedisCluster
 ) -> None:
     post = uid("p")
     last_fresh = seed_aggregate(rc, post, 8)
@@ -422,9 +419,7 @@ def test_an_unexpected_exception_degrades_to_a_stale_200(
         "last_fresh": last_fresh,
         "stale": True,
     }
-    r = client.post(
-        "/v1/posts/likes:batch", json={"post_ids": [post]}, headers=bearer(settings, "u1")
-    )
+    r = client.post("/v1/posts/likes:batch", json={"post_ids": [post]}, headers=bearer(stack, "u1"))
     assert r.status_code == 200
     assert r.json()["items"][0]["stale"] is True and r.json()["items"][0]["has_liked"] is None
 
@@ -482,9 +477,7 @@ def test_cassandra_stopped_reads_stay_200(
     r = client.get(f"/v1/posts/{cells}/likes")  # read while up: becomes the last good value
     assert r.headers["x-read-tier"] == "counter_store"
     cells_fresh = r.json()["last_fresh"]
-    assert client.get(f"/v1/posts/{liked}/likes", headers=bearer(settings, user)).json()[
-        "has_liked"
-    ]
+    assert client.get(f"/v1/posts/{liked}/likes", headers=bearer(stack, user)).json()["has_liked"]
     try:
         stack.cli("local", "stop", "cassandra")
         for _ in range(3):  # enough to open the breakers too
@@ -506,16 +499,16 @@ def test_cassandra_stopped_reads_stay_200(
             assert r.status_code == 200 and r.json()["count"] is None and r.json()["stale"]
 
             # the Bloom filter's "no" needs no edge-store: still a definite answer
-            r = client.get(f"/v1/posts/{not_liked}/likes", headers=bearer(settings, user))
+            r = client.get(f"/v1/posts/{not_liked}/likes", headers=bearer(stack, user))
             assert r.status_code == 200 and r.json()["has_liked"] is False
             # a "maybe" cannot be confirmed: null, still 200
-            r = client.get(f"/v1/posts/{liked}/likes", headers=bearer(settings, user))
+            r = client.get(f"/v1/posts/{liked}/likes", headers=bearer(stack, user))
             assert r.status_code == 200 and r.json()["has_liked"] is None
 
         r = client.post(
             "/v1/posts/likes:batch",
             json={"post_ids": [agg, sub, cells, unseen, liked, not_liked]},
-            headers=bearer(settings, user),
+            headers=bearer(stack, user),
         )
         assert r.status_code == 200
         items = r.json()["items"]
@@ -550,7 +543,7 @@ def test_everything_down_answers_the_last_good_value_stale(
                 "stale": True,
             }
             assert r.headers["x-read-tier"] == "last_good"
-            r = client.get(f"/v1/posts/{never}/likes", headers=bearer(settings, "u1"))
+            r = client.get(f"/v1/posts/{never}/likes", headers=bearer(stack, "u1"))
             assert r.status_code == 200
             assert r.json()["count"] is None and r.json()["stale"] is True
             assert r.json()["has_liked"] is None

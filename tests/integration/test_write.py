@@ -17,14 +17,14 @@ from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
 
-from services.contracts import auth, clients, events, keys
+from services.contracts import clients, events, keys
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
 
 
 def token(stack: Stack, user: str) -> str:
-    return auth.issue_token(stack.settings(), user)
+    return stack.token(user)
 
 
 def post_like(

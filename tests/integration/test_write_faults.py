@@ -12,7 +12,7 @@ import pytest
 from cassandra.cluster import Session
 from fastapi.testclient import TestClient
 
-from services.contracts import clients
+from services.contracts import clients, workloads
 from services.relay.core import OutboxRelay
 from services.write.core import Publisher
 from tests.conftest import Stack
@@ -63,6 +63,14 @@ def test_cassandra_down_fails_fast_with_503(
         assert body["error"]["code"] == "edge_store_unavailable"
         assert headers.get("retry-after") == "1"
         print(f"write answered 503 {took:.2f}s after Cassandra went away")
+        # the stack's write service (the rendered probe path) stops being ready: with every
+        # edge-store host down a probe must not trust the pod (review H14)
+        ready = f"http://{stack.host}:{stack.layout.ports.write}{workloads.READY_PATH}"
+        deadline = time.monotonic() + 30
+        while httpx.get(ready, timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "write stayed ready with Cassandra down"
+            time.sleep(0.5)
+        assert httpx.get(ready, timeout=5).json()["checks"]["edge-store"] is False
     finally:
         stack.up()
     # the client retries with the same key once it is back: accepted exactly once
@@ -123,7 +131,7 @@ def test_kafka_down_still_202_and_relay_drains_after_restart(
     assert {e.intent_uuid for e in evs} == set(keys_)
     assert all(outbox_rows(cql, u) == [] for u in users)
     # and counted exactly once, by the stack's own aggregator, as the read service answers
-    read = stack.service_url("read")
+    read = stack.gateway_url  # as clients read
     deadline = time.monotonic() + 60
     while True:
         count = httpx.get(f"{read}/v1/posts/{post}/likes", timeout=5).json()["count"]

@@ -1,0 +1,319 @@
+"""The one list of differences between what the program renders and what the local stack runs.
+
+Each workload starts from its rendered container (local/rendered.py); `local_process` applies the
+transforms below and nothing else, and `check` (used by `likes local up` and the contract tests)
+names the workload and the field when the render and the code disagree. Anything not listed
+here runs exactly as rendered: env names and values, command, ports, probe paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from local import issuer, rendered
+from local.components import kafka
+from local.layout import HOST, Layout
+from services.contracts import workloads
+from services.contracts.settings import UnknownVariable
+
+
+@dataclass(frozen=True)
+class Transform:
+    id: str
+    applies_to: str  # the part of a container spec it changes
+    what: str
+    why: str
+
+
+TRANSFORMS: tuple[Transform, ...] = (
+    Transform(
+        "service-address",
+        "env",
+        "in-cluster Service addresses (count-cache, idem-store, Scylla and its datacenter, "
+        "Kafka, schema registry, etcd, hot pools) -> the local server that plays each",
+        "one machine, one server per store, on loopback",
+    ),
+    Transform(
+        "external-endpoint",
+        "env",
+        "the identity provider's JWKS -> the local issuer; Cloudflare's API (purge by tag) -> "
+        "the local webhook sink, which keeps every purge; the OTLP collector -> unset (no "
+        "collector runs locally, tracing is off)",
+        "no cloud accounts here; the local stand-ins keep what arrived for tests",
+    ),
+    Transform(
+        "secret",
+        "env",
+        "secretKeyRef -> the value in <stack home>/secrets/secrets.json, created on first start",
+        "no Kubernetes Secrets here; the file never leaves the machine",
+    ),
+    Transform(
+        "bind-address",
+        "command",
+        f"--host {workloads.BIND_ALL} -> --host {HOST}",
+        "the stack lives on loopback; nothing listens on the machine's other interfaces",
+    ),
+    Transform(
+        "port",
+        "command, ports, probes",
+        "the container port -> the workload's local port (local/layout.py)",
+        "every workload shares one host, so each needs its own port",
+    ),
+    Transform(
+        "interpreter",
+        "command",
+        "`python` and `uvicorn` -> this checkout's virtualenv (python -m uvicorn)",
+        "the image's interpreter is the venv here",
+    ),
+    Transform(
+        "operator-loop",
+        "command",
+        "Kopf (`kopf run ... -m operators.hotkeys.handlers`) -> its reconcile loop "
+        "`python -m operators.hotkeys` with the same env",
+        "no Kubernetes API here; the Kopf wiring is tested against kmock",
+    ),
+    Transform("replicas", "replicas", "replicas and HPA bounds -> 1 process", "one machine"),
+)
+
+SECRETS_FILE = "secrets.json"
+CLOUDFLARE_SINK = "cloudflare"  # the sink's receiver name for Cloudflare API calls
+# the secrets the program references, and how a first start makes a local value for each
+_SECRET_MAKERS = {
+    ("redis-auth", "password"): lambda: secrets.token_urlsafe(24),
+    ("cdn-purge", "token"): lambda: secrets.token_urlsafe(24),
+}
+
+
+class Disagreement(Exception):
+    """The rendered spec and the code disagree; names the workload and the field."""
+
+    def __init__(self, workload: str, fieldname: str, problem: str) -> None:
+        super().__init__(f"{workload}: {fieldname}: {problem}")
+        self.workload, self.field, self.problem = workload, fieldname, problem
+
+
+def local_port(layout: Layout, workload: str) -> int:
+    p = layout.ports
+    return {
+        workloads.WRITE.name: p.write,
+        workloads.READ.name: p.read,
+        workloads.HOTKEY_SAMPLER.name: p.hotkey_sampler,
+        workloads.OUTBOX_RELAY.name: p.relay,
+        workloads.AGGREGATOR.name: p.aggregator,
+        workloads.HOTKEY_OPERATOR.name: p.hotkey_operator,
+    }[workload]
+
+
+def stack_secrets(layout: Layout) -> dict[str, str]:
+    """`secret/key` -> value, created (0600) on first start and kept across `up`s."""
+    path = layout.home / "secrets" / SECRETS_FILE
+    try:
+        values: dict[str, str] = json.loads(path.read_text())
+    except FileNotFoundError:
+        values = {}
+    missing = {f"{s}/{k}": make() for (s, k), make in _SECRET_MAKERS.items()
+               if f"{s}/{k}" not in values}  # fmt: skip
+    if missing:
+        values.update(missing)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(json.dumps(values, indent=2))
+        tmp.replace(path)
+    return values
+
+
+def _addresses(layout: Layout) -> dict[str, str | None]:
+    """Field name -> local value (None: drop the variable), for the address-like fields."""
+    p = layout.ports
+    return {
+        "count_cache_nodes": ",".join(f"{HOST}:{x}" for x in p.count_cache[:3]),
+        "idem_store_nodes": f"{HOST}:{p.idem_store}",
+        "cassandra_hosts": HOST,
+        "cassandra_port": str(p.cassandra_native),
+        "cassandra_local_dc": "datacenter1",  # SimpleSnitch's only datacenter
+        "kafka_bootstrap": kafka.bootstrap_servers(layout),
+        "schema_registry_url": f"http://{HOST}:{p.schema_registry}",
+        "etcd_host": HOST,
+        "etcd_port": str(p.etcd_client),
+        "hot_pools": ",".join(f"{HOST}:{x}" for x in p.hot_pools),
+    }
+
+
+def _external(layout: Layout) -> dict[str, str | None]:
+    return {
+        "jwks_url": f"http://{HOST}:{layout.ports.issuer}{issuer.JWKS_PATH}",
+        "cloudflare_api_url": f"http://{HOST}:{layout.ports.webhook_sink}/{CLOUDFLARE_SINK}",
+        "otlp_endpoint": None,
+    }
+
+
+@dataclass(frozen=True)
+class Process:
+    """What the local stack runs for one rendered workload."""
+
+    workload: workloads.Workload
+    argv: list[str]
+    env: dict[str, str]  # the workload's whole environment (nothing inherited but PATH)
+    port: int
+    liveness_path: str
+    readiness_path: str
+    applied: dict[str, list[str]] = field(default_factory=dict)  # transform id -> what changed
+
+
+def _command(
+    w: workloads.Workload, c: rendered.Container, port: int
+) -> tuple[list[str], list[str]]:
+    """The local argv for a rendered command, and the transforms it took."""
+    cmd = list(c.command)
+    applied = []
+    if w.kind == "operator":
+        if cmd[:2] != ["kopf", "run"] or cmd[-2:] != ["-m", w.module]:
+            raise Disagreement(w.name, "command", f"expected Kopf running -m {w.module}: {cmd}")
+        applied.append("operator-loop")
+        return [sys.executable, "-m", "operators.hotkeys", "--host", HOST, "--port", str(port)], [
+            *applied,
+            "bind-address",
+            "port",
+        ]
+    for flag, old, new, tid in (
+        ("--host", workloads.BIND_ALL, HOST, "bind-address"),
+        ("--port", str(c.ports.get("http", c.ports.get("metrics", w.port))), str(port), "port"),
+    ):
+        if flag not in cmd or cmd[cmd.index(flag) + 1] != old:
+            raise Disagreement(w.name, "command", f"expected {flag} {old}: {cmd}")
+        cmd[cmd.index(flag) + 1] = new
+        applied.append(tid)
+    if cmd[0] == "uvicorn":
+        cmd = [sys.executable, "-m", "uvicorn", *cmd[1:]]
+    elif cmd[0] == "python":
+        cmd = [sys.executable, *cmd[1:]]
+    else:
+        raise Disagreement(w.name, "command", f"unknown interpreter {cmd[0]!r}")
+    applied.append("interpreter")
+    return cmd, applied
+
+
+def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) -> Process:
+    port = local_port(layout, w.name)
+    argv, cmd_applied = _command(w, c, port)
+    cls = w.settings_class()
+    by_env = {cls.env_name(f): v for f, v in _addresses(layout).items() if f in cls.model_fields}
+    external = {cls.env_name(f): v for f, v in _external(layout).items() if f in cls.model_fields}
+    values = stack_secrets(layout)
+    env: dict[str, str] = {}
+    applied: dict[str, list[str]] = {t: [] for t in ("service-address", "external-endpoint")}
+    applied["secret"] = []
+    for name, value in c.env.items():
+        if isinstance(value, rendered.SecretRef):
+            ref = f"{value.secret}/{value.key}"
+            if ref not in values:
+                raise Disagreement(w.name, f"env {name}", f"references unknown secret {ref}")
+            applied["secret"].append(name)
+            value = values[ref]
+        if name in external:
+            applied["external-endpoint"].append(name)
+            new = external[name]
+            if new is not None:
+                env[name] = new
+            continue
+        if name in by_env:
+            applied["service-address"].append(name)
+            env[name] = str(by_env[name])
+            continue
+        env[name] = value
+    # endpoints the program leaves at their production default (Cloudflare's API) are pointed
+    # at the local stand-in too
+    for name, new in external.items():
+        if name not in c.env and new is not None:
+            env[name] = new
+            applied["external-endpoint"].append(name)
+    env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+    for t in cmd_applied:
+        applied.setdefault(t, []).append("command")
+    return Process(
+        workload=w,
+        argv=argv,
+        env=env,
+        port=port,
+        liveness_path=c.liveness.path if c.liveness else workloads.HEALTH_PATH,
+        readiness_path=c.readiness.path if c.readiness else w.ready_path,
+        applied={k: v for k, v in applied.items() if v},
+    )
+
+
+def check_settings(process: Process) -> None:
+    """The workload's own settings class, built from the env the process gets: an unknown name,
+    a missing endpoint or a bad value is a Disagreement naming the field."""
+    w = process.workload
+    cls = w.settings_class()
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(process.env)
+        cls()
+    except UnknownVariable as e:
+        raise Disagreement(w.name, "env", str(e)) from e
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "settings"
+        raise Disagreement(w.name, f"env {where}", err["msg"]) from e
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def processes(layout: Layout, stack: str, check: bool = True) -> list[Process]:
+    """Every workload of the rendered stack, transformed, and (`check`) checked against the code."""
+    r = rendered.render(stack)
+    out = []
+    for w in workloads.ALL:
+        container = r.container(w.name)
+        if check:
+            _check_probes(w, container)
+        p = local_process(layout, w, container)
+        if check:
+            check_settings(p)
+        out.append(p)
+    return out
+
+
+def _check_probes(w: workloads.Workload, c: rendered.Container) -> None:
+    port = w.port
+    for kind, probe, path in (
+        ("livenessProbe", c.liveness, workloads.HEALTH_PATH),
+        ("readinessProbe", c.readiness, w.ready_path),
+    ):
+        if probe is None:
+            raise Disagreement(w.name, kind, "the program renders none")
+        if probe.path != path or probe.port != port:
+            raise Disagreement(
+                w.name, kind, f"{probe.path} on {probe.port}; the code serves {path} on {port}"
+            )
+
+
+def secrets_dir(layout: Layout) -> Path:
+    return layout.home / "secrets"
+
+
+def token_claims(layout: Layout) -> tuple[str, str]:
+    """(issuer, audience) the stack's services require, as the program renders them."""
+    c = rendered.render(layout.stack).container(workloads.WRITE.name)
+    names = workloads.WRITE.settings_class()
+    iss, aud = c.env.get(names.env_name("jwt_issuer")), c.env.get(names.env_name("jwt_audience"))
+    if not isinstance(iss, str) or not isinstance(aud, str):
+        raise Disagreement(workloads.WRITE.name, "env", "renders no JWT issuer/audience")
+    return iss, aud
+
+
+def sign_token(layout: Layout, user_id: str, ttl_s: int = 3600) -> str:
+    """A token from the stack's local identity provider, valid for the stack's services."""
+    iss, aud = token_claims(layout)
+    return issuer.sign(layout.home, user_id, ttl_s, iss, aud)

@@ -1,0 +1,84 @@
+"""The local transforms: only the listed changes, and a disagreement between the program and the
+code names the workload and the field (what `likes local up` prints)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from local import layout, rendered, transforms
+from services.contracts import workloads
+
+
+@pytest.fixture(scope="module")
+def staging() -> rendered.Rendered:
+    return rendered.render("staging")
+
+
+@pytest.fixture
+def lay(tmp_path: Path) -> layout.Layout:
+    return layout.Layout(home=tmp_path, ports=layout.Ports(0))
+
+
+def test_every_workload_of_the_render_starts_and_checks(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    for w in workloads.ALL:
+        p = transforms.local_process(lay, w, staging.container(w.name))
+        transforms.check_settings(p)  # the workload's own settings accept its env
+        assert set(p.applied) <= {t.id for t in transforms.TRANSFORMS}
+        assert p.env["LIKES_ENV"] == "staging"  # not turned into a local profile
+        assert "--host" not in p.argv or p.argv[p.argv.index("--host") + 1] == layout.HOST
+
+
+def test_a_misspelled_variable_is_a_disagreement_naming_workload_and_field(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    c = staging.container(workloads.AGGREGATOR.name)
+    bad = replace(c, env={**c.env, "LIKES_KAFKA_BOOTSTRAPS": "x:9092"})
+    p = transforms.local_process(lay, workloads.AGGREGATOR, bad)
+    with pytest.raises(transforms.Disagreement) as e:
+        transforms.check_settings(p)
+    assert e.value.workload == "aggregator"
+    assert "LIKES_KAFKA_BOOTSTRAPS" in str(e.value)
+
+
+def test_an_unset_endpoint_is_refused_outside_local(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    c = staging.container(workloads.WRITE.name)
+    env = {k: v for k, v in c.env.items() if k != "LIKES_KAFKA_BOOTSTRAP"}
+    p = transforms.local_process(lay, workloads.WRITE, replace(c, env=env))
+    with pytest.raises(transforms.Disagreement, match="LIKES_KAFKA_BOOTSTRAP"):
+        transforms.check_settings(p)
+
+
+def test_a_probe_path_the_code_does_not_serve_is_a_disagreement(
+    staging: rendered.Rendered,
+) -> None:
+    c = staging.container(workloads.OUTBOX_RELAY.name)
+    assert c.readiness is not None
+    bad = replace(c, readiness=rendered.Probe("/ready", c.readiness.port))
+    with pytest.raises(transforms.Disagreement, match="readinessProbe"):
+        transforms._check_probes(workloads.OUTBOX_RELAY, bad)
+
+
+def test_a_worker_bound_to_loopback_in_the_render_is_a_disagreement(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    # a pod whose worker binds 127.0.0.1 fails its kubelet probes (review C2)
+    c = staging.container(workloads.AGGREGATOR.name)
+    cmd = [("127.0.0.1" if a == workloads.BIND_ALL else a) for a in c.command]
+    with pytest.raises(transforms.Disagreement, match=re.escape("--host 0.0.0.0")):
+        transforms.local_process(lay, workloads.AGGREGATOR, replace(c, command=cmd))
+
+
+def test_secrets_are_created_once_and_kept(lay: layout.Layout) -> None:
+    first = transforms.stack_secrets(lay)
+    assert first["redis-auth/password"]
+    assert transforms.stack_secrets(lay) == first
+    path = lay.home / "secrets" / transforms.SECRETS_FILE
+    assert path.stat().st_mode & 0o077 == 0  # readable by its owner only
