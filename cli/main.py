@@ -9,7 +9,7 @@ from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
 
 app = typer.Typer(
-    help="Operate the like platform: local stack, infra, hot keys, runbooks.",
+    help="Operate the like platform: the local stack, the infra program, hot keys.",
     no_args_is_help=True,
 )
 app.add_typer(local_cli.app, name="local")
