@@ -22,6 +22,14 @@ BUFFER_DIR = "/var/lib/otelcol/buffer"
 PAGERDUTY_SECRET = "alertmanager-pagerduty"
 COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.140.0"
 
+# The versions the local stack runs (Debian bookworm's prometheus and prometheus-alertmanager):
+# production pins the same ones, so the rendered configs are checked by the binaries that will
+# load them. tests/infra/test_observability.py fails when the local binaries disagree.
+PROMETHEUS_VERSION = "2.42.0"
+ALERTMANAGER_VERSION = "0.25.0"
+PROMETHEUS_IMAGE = f"prom/prometheus:v{PROMETHEUS_VERSION}"
+ALERTMANAGER_IMAGE = f"prom/alertmanager:v{ALERTMANAGER_VERSION}"
+
 
 @dataclass(frozen=True)
 class ObservabilityArgs:
@@ -215,7 +223,7 @@ class Observability(pulumi.ComponentResource):
         )
         self._stateful(
             "prometheus",
-            image="prom/prometheus:v3.7.3",
+            image=PROMETHEUS_IMAGE,
             args_=[
                 "--config.file=/etc/prometheus/prometheus.yml",
                 "--storage.tsdb.path=/prometheus",
@@ -252,7 +260,7 @@ class Observability(pulumi.ComponentResource):
             extra.append(("pagerduty", f"secret:{PAGERDUTY_SECRET}", "/etc/alertmanager/pagerduty"))
         self._stateful(
             "alertmanager",
-            image="prom/alertmanager:v0.29.0",
+            image=ALERTMANAGER_IMAGE,
             args_=[
                 "--config.file=/etc/alertmanager/alertmanager.yml",
                 "--storage.path=/alertmanager",
