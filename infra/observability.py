@@ -5,6 +5,7 @@ and Alertmanager paging through PagerDuty."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,18 @@ PROMETHEUS_VERSION = "2.42.0"
 ALERTMANAGER_VERSION = "0.25.0"
 PROMETHEUS_IMAGE = f"prom/prometheus:v{PROMETHEUS_VERSION}"
 ALERTMANAGER_IMAGE = f"prom/alertmanager:v{ALERTMANAGER_VERSION}"
+
+# Pods opt in to scraping with these annotations (infra/services.py sets them); the relabeling
+# reads them, and the pod's name label, as Kubernetes SD's meta labels (sd_label).
+SCRAPE_ANNOTATION = "prometheus.io/scrape"
+PORT_ANNOTATION = "prometheus.io/port"
+PATH_ANNOTATION = "prometheus.io/path"
+NAME_LABEL = "app.kubernetes.io/name"
+
+
+def sd_label(kind: str, name: str) -> str:
+    """The meta label Kubernetes SD (role: pod) gives a pod's `label` or `annotation` `name`."""
+    return f"__meta_kubernetes_pod_{kind}_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,9 @@ def loadbalancer_config(sampler_service: str) -> dict[str, Any]:
 
 
 def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, Any]:
+    """Scrapes every annotated pod of `scrape_namespaces`. The target labels it attaches
+    (namespace, pod, workload) never include a label our code emits: honor_labels stays false,
+    so a clash would rename the code's label to exported_<name> and the rules would miss it."""
     pod_sd = [
         {"role": "pod", "namespaces": {"names": list(args.scrape_namespaces)}},
     ]
@@ -94,20 +110,17 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
                 "kubernetes_sd_configs": pod_sd,
                 "relabel_configs": [
                     {
-                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                        "source_labels": [sd_label("annotation", SCRAPE_ANNOTATION)],
                         "regex": "true",
                         "action": "keep",
                     },
                     {
-                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"],
+                        "source_labels": [sd_label("annotation", PATH_ANNOTATION)],
                         "regex": "(.+)",
                         "target_label": "__metrics_path__",
                     },
                     {
-                        "source_labels": [
-                            "__address__",
-                            "__meta_kubernetes_pod_annotation_prometheus_io_port",
-                        ],
+                        "source_labels": ["__address__", sd_label("annotation", PORT_ANNOTATION)],
                         "regex": "([^:]+)(?::\\d+)?;(\\d+)",
                         "replacement": "$1:$2",
                         "target_label": "__address__",
@@ -115,8 +128,8 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
                     {
-                        "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
-                        "target_label": "service",
+                        "source_labels": [sd_label("label", NAME_LABEL)],
+                        "target_label": alert_rules.WORKLOAD_LABEL,
                     },
                 ],
             }
