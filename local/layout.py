@@ -96,6 +96,10 @@ class Ports:
     def alertmanager(self) -> int:
         return self._p(9093)
 
+    @property
+    def webhook_sink(self) -> int:
+        return self._p(9095)  # where the local Alertmanager's receivers post
+
 
 @dataclass(frozen=True)
 class Layout:
