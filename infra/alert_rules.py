@@ -15,11 +15,27 @@ from typing import Any
 
 import yaml
 
+from services.contracts import workloads
+
 __all__ = [
+    "AGGREGATOR",
     "BAD_BIT",
     "BURN_RATE_ALERTS",
+    "HOTKEY_OPERATOR",
+    "HOTKEY_SAMPLER",
+    "OUTBOX_RELAY",
+    "READ",
     "RULES_FILENAME",
+    "SERVICE_LABEL",
+    "SEVERITIES",
+    "SEVERITY_NONE",
+    "SEVERITY_PAGE",
+    "SEVERITY_TICKET",
+    "WATCHDOG",
     "WINDOWS",
+    "WORKLOADS",
+    "WORKLOAD_LABEL",
+    "WRITE",
     "BurnRateAlert",
     "Slo",
     "alert_name",
@@ -33,6 +49,33 @@ __all__ = [
 
 RULES_FILENAME = "likes.rules.yml"
 RUNBOOK_BASE = "runbooks"
+
+# --- names other layers share: the workload names come from services/contracts/workloads.py
+# (the services label their metrics with them through http.install(app, <name>)); the rest is
+# defined here once, imported by the scrape config, Alertmanager's routes and the local stack.
+
+# The label our code puts on its RED metrics: services/common/http.py RedMetrics labels every
+# request `service=<name>`, the name given to http.install(app, <name>). The scrape relabeling
+# must never write this label, or it would overwrite the code's value (review C5).
+SERVICE_LABEL = "service"
+# The label the scrape relabeling writes from the pod's app.kubernetes.io/name instead.
+WORKLOAD_LABEL = "workload"
+# Workload names (services/contracts/workloads.py `Workload.name`): the `service` label values.
+WRITE = workloads.WRITE.name
+READ = workloads.READ.name
+HOTKEY_SAMPLER = workloads.HOTKEY_SAMPLER.name
+OUTBOX_RELAY = workloads.OUTBOX_RELAY.name
+AGGREGATOR = workloads.AGGREGATOR.name
+HOTKEY_OPERATOR = workloads.HOTKEY_OPERATOR.name
+WORKLOADS = tuple(w.name for w in workloads.ALL)
+
+# `severity` values; Alertmanager routes on them (infra/observability.py alertmanager_config).
+SEVERITY_PAGE = "page"
+SEVERITY_TICKET = "ticket"
+SEVERITY_NONE = "none"  # the Watchdog only: routed to the heartbeat, never to a person
+SEVERITIES = (SEVERITY_PAGE, SEVERITY_TICKET, SEVERITY_NONE)
+# The always-firing dead man's switch; Alertmanager routes it by this name.
+WATCHDOG = "Watchdog"
 
 
 @dataclass(frozen=True)
@@ -80,9 +123,9 @@ class BurnRateAlert:
 
 # SRE Workbook table 5-8: 2% of a 30-day budget in 1 h, 5% in 6 h page; 10% in 3 d is a ticket.
 BURN_RATE_ALERTS: tuple[BurnRateAlert, ...] = (
-    BurnRateAlert(severity="page", factor=14.4, long_window="1h", short_window="5m"),
-    BurnRateAlert(severity="page", factor=6.0, long_window="6h", short_window="30m"),
-    BurnRateAlert(severity="ticket", factor=1.0, long_window="3d", short_window="6h"),
+    BurnRateAlert(severity=SEVERITY_PAGE, factor=14.4, long_window="1h", short_window="5m"),
+    BurnRateAlert(severity=SEVERITY_PAGE, factor=6.0, long_window="6h", short_window="30m"),
+    BurnRateAlert(severity=SEVERITY_TICKET, factor=1.0, long_window="3d", short_window="6h"),
 )
 WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "6h", "3d")
 
@@ -93,7 +136,7 @@ API_ROUTES = 'route=~"/v1/.+"'
 
 def _requests_error_ratio(service: str, bad: str) -> str:
     """Bad requests over all API requests of a service."""
-    api = f'service="{service}",{API_ROUTES}'
+    api = f'{SERVICE_LABEL}="{service}",{API_ROUTES}'
     return (
         f"sum(rate(likes_http_requests_total{{{api},{bad}}}[{{window}}]))\n"
         f"/\nsum(rate(likes_http_requests_total{{{api}}}[{{window}}]))"
@@ -102,7 +145,7 @@ def _requests_error_ratio(service: str, bad: str) -> str:
 
 def _latency_error_ratio(service: str, le: str) -> str:
     """API requests slower than `le` seconds (a bucket boundary) over all API requests."""
-    api = f'service="{service}",{API_ROUTES}'
+    api = f'{SERVICE_LABEL}="{service}",{API_ROUTES}'
     return (
         f"1 - (\n"
         f'  sum(rate(likes_http_request_duration_seconds_bucket{{{api},le="{le}"}}[{{window}}]))\n'
@@ -128,42 +171,42 @@ def default_slos() -> list[Slo]:
     return [
         Slo(
             name="read-availability",
-            service="read",
+            service=READ,
             # reads never 5xx: they degrade to the last good value instead
             objective=0.9999,
-            error_ratio=_requests_error_ratio("read", 'status=~"5.."'),
+            error_ratio=_requests_error_ratio(READ, 'status=~"5.."'),
             description="GET /v1/posts/{id}/likes and the batch read answer without a 5xx",
             runbook="read-availability",
         ),
         Slo(
             name="read-latency",
-            service="read",
+            service=READ,
             # 100 ms is the seed's degraded p99 (count-cache down, counter-store fallback)
             objective=0.99,
-            error_ratio=_latency_error_ratio("read", "0.1"),
+            error_ratio=_latency_error_ratio(READ, "0.1"),
             description="reads answer within 100 ms",
             runbook="read-latency",
         ),
         Slo(
             name="write-availability",
-            service="write",
+            service=WRITE,
             # a fail-closed 503 (idem-store or edge-store down) spends this budget, by design
             objective=0.999,
-            error_ratio=_requests_error_ratio("write", 'status=~"5.."'),
+            error_ratio=_requests_error_ratio(WRITE, 'status=~"5.."'),
             description="POST /v1/likes answers without a 5xx",
             runbook="write-availability",
         ),
         Slo(
             name="write-latency",
-            service="write",
+            service=WRITE,
             objective=0.99,
-            error_ratio=_latency_error_ratio("write", "0.25"),
+            error_ratio=_latency_error_ratio(WRITE, "0.25"),
             description="POST /v1/likes answers within 250 ms",
             runbook="write-latency",
         ),
         Slo(
             name="consumer-lag",
-            service="aggregator",
+            service=AGGREGATOR,
             # the seed: counts visibly stale after ~10 s of lag on likes.committed
             objective=0.99,
             error_ratio=_bad_time_ratio("consumer-lag"),
@@ -211,7 +254,7 @@ def _runbook_annotations(slug: str, runbook_base: str) -> dict[str, str]:
 
 
 def _recording_rules(slo: Slo) -> list[dict[str, Any]]:
-    labels = {"slo": slo.name, "service": slo.service}
+    labels = {"slo": slo.name, SERVICE_LABEL: slo.service}
     inputs = [{"record": record, "expr": expr, "labels": labels} for record, expr in slo.inputs]
     return inputs + [
         {
@@ -240,7 +283,7 @@ def _burn_rate_rules(slo: Slo, runbook_base: str) -> list[dict[str, Any]]:
                 "labels": {
                     "severity": burn.severity,
                     "slo": slo.name,
-                    "service": slo.service,
+                    SERVICE_LABEL: slo.service,
                     "long_window": burn.long_window,
                     "short_window": burn.short_window,
                 },
@@ -265,11 +308,11 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     """The alerts the seed names that are not SLOs."""
     return [
         {
-            # dead man's switch: always firing; Alertmanager routes it to a heartbeat receiver
-            # that pages when it stops arriving
-            "alert": "Watchdog",
+            # dead man's switch: always firing; Alertmanager posts it to the heartbeat receiver
+            # (an external dead man's switch that pages when the posts stop arriving)
+            "alert": WATCHDOG,
             "expr": "vector(1)",
-            "labels": {"severity": "none"},
+            "labels": {"severity": SEVERITY_NONE},
             "annotations": {
                 "summary": "Always firing: proves Prometheus -> Alertmanager -> pager works",
                 **_runbook_annotations("watchdog", runbook_base),
@@ -280,7 +323,7 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
             # dead-letters counts its sends (likes_aggregator_dead_letter_total and the like)
             "alert": "DeadLetterDailyGrowth",
             "expr": 'sum(increase({__name__=~"likes_.+_dead_letter_total"}[1d])) > 1000',
-            "labels": {"severity": "page", "service": "aggregator"},
+            "labels": {"severity": SEVERITY_PAGE, SERVICE_LABEL: AGGREGATOR},
             "annotations": {
                 "summary": "likes.dead-letter grew by more than 1000 events in a day",
                 "description": (
@@ -295,7 +338,7 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
             "alert": "TraceExportFailing",
             "expr": "sum(rate(otelcol_exporter_send_failed_spans_total[5m])) > 0",
             "for": "10m",
-            "labels": {"severity": "ticket", "service": "otel-collector"},
+            "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: "otel-collector"},
             "annotations": {
                 "summary": "The OTel Collector has been failing to export spans for 10 minutes",
                 **_runbook_annotations("trace-export-failing", runbook_base),

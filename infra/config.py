@@ -13,7 +13,16 @@ from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Network
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 NAMESPACE = "likes"
@@ -178,14 +187,30 @@ class ServicesConfig(_Model):
     operator_image: str
 
 
+HttpUrl = Annotated[str, Field(pattern=r"^https?://")]
+
+
 class ObservabilityConfig(_Model):
-    mimir_remote_write_url: Annotated[str, Field(pattern=r"^https?://")]
+    mimir_remote_write_url: HttpUrl
     prometheus_retention: str = "15d"
     prometheus_storage_gi: Count = 100
     tempo_storage_gi: Count = 50
     collector_replicas: Count = 3
     latency_threshold_ms: Count = 500
     healthy_percent: Annotated[float, Field(gt=0, le=100)] = 1.0
+    # Alertmanager posts ticket alerts here (and pages too when the stack has no PagerDuty key).
+    ticket_webhook_url: HttpUrl
+    # The dead man's switch: Alertmanager posts the always-firing Watchdog here every 5 minutes
+    # and the switch pages when the posts stop. Required in prod; without it a stack has none.
+    heartbeat_url: Annotated[HttpUrl | None, Field(validate_default=True)] = None
+
+    @field_validator("heartbeat_url")
+    @classmethod
+    def _heartbeat_in_prod(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # the environment arrives as validation context from parse(): a field of the parent
+        if value is None and (info.context or {}).get("environment") == "prod":
+            raise ValueError("is required in prod (nothing notices a dead alerting path otherwise)")
+        return value
 
 
 class StackConfig(_Model):
@@ -231,6 +256,8 @@ class StackConfig(_Model):
 def _key(loc: Iterable[int | str]) -> str:
     out = ""
     for part in loc:
+        if isinstance(part, str) and "_" in part:
+            part = to_camel(part)  # a defaulted field's error names the field, not its alias
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return f"{NAMESPACE}:{out}" if out else NAMESPACE
 
@@ -286,7 +313,7 @@ def parse(raw: Mapping[str, str], secret_keys: Iterable[str]) -> StackConfig:
         problems.append(("aws:region", f"is {region} but likes:region is {data['region']}"))
     # Validate even when secrets were misplaced, so one run reports every bad key.
     try:
-        parsed = StackConfig.model_validate(data)
+        parsed = StackConfig.model_validate(data, context={"environment": data.get("environment")})
     except ValidationError as exc:
         problems += [
             (_key(err["loc"]), err["msg"].removeprefix("Value error, ")) for err in exc.errors()

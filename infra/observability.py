@@ -1,10 +1,11 @@
 """Observability: OpenTelemetry Collector in two tiers (a load-balancing tier that routes every
 span of a trace to one sampler, and the tail-sampling tier with a disk buffer; its config comes
 from infra/otel_config), Tempo, Prometheus remote-writing to Mimir with the generated alert rules,
-and Alertmanager paging through PagerDuty."""
+and Alertmanager: pages to PagerDuty, tickets to a webhook, the Watchdog to a dead man's switch."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,68 @@ BUFFER_DIR = "/var/lib/otelcol/buffer"
 PAGERDUTY_SECRET = "alertmanager-pagerduty"
 COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.140.0"
 
+# The versions the local stack runs (Debian bookworm's prometheus and prometheus-alertmanager):
+# production pins the same ones, so the rendered configs are checked by the binaries that will
+# load them. tests/infra/test_observability.py fails when the local binaries disagree.
+PROMETHEUS_VERSION = "2.42.0"
+ALERTMANAGER_VERSION = "0.25.0"
+PROMETHEUS_IMAGE = f"prom/prometheus:v{PROMETHEUS_VERSION}"
+ALERTMANAGER_IMAGE = f"prom/alertmanager:v{ALERTMANAGER_VERSION}"
+PROMETHEUS_PORT = 9090
+ALERTMANAGER_PORT = 9093
+
+
+def config_map_name(app: str) -> str:
+    """The ConfigMap holding an app's config files."""
+    return f"{app}-config"
+
+
+# Where the rendered configs live (the local stack reads them back from the plan).
+PROMETHEUS_CONFIG_MAP = config_map_name("prometheus")
+PROMETHEUS_CONFIG_FILE = "prometheus.yml"
+RULES_CONFIG_MAP = "prometheus-rules"
+ALERTMANAGER_CONFIG_MAP = config_map_name("alertmanager")
+ALERTMANAGER_CONFIG_FILE = "alertmanager.yml"
+
+# Alertmanager receivers. Alertmanager 0.25 has no `url_file` for webhooks, so the ticket and
+# heartbeat URLs sit in the ConfigMap in plain text: use URLs that carry no credential beyond
+# "may post here" (0.26+ could read them from the Secret like the PagerDuty key).
+PAGER_RECEIVER = "pagerduty"
+TICKET_RECEIVER = "tickets"
+HEARTBEAT_RECEIVER = "heartbeat"
+# The dead man's switch expects a post at least every HEARTBEAT_REPEAT (the seed: every 5 min);
+# give it a grace of a few periods before it pages.
+HEARTBEAT_REPEAT = "5m"
+
+
+# Pods opt in to scraping with these annotations (infra/services.py sets them); the relabeling
+# reads them, and the pod's name label, as Kubernetes SD's meta labels (sd_label).
+SCRAPE_ANNOTATION = "prometheus.io/scrape"
+PORT_ANNOTATION = "prometheus.io/port"
+PATH_ANNOTATION = "prometheus.io/path"
+NAME_LABEL = "app.kubernetes.io/name"
+
+
+def sd_label(kind: str, name: str) -> str:
+    """The meta label Kubernetes SD (role: pod) gives a pod's `label` or `annotation` `name`."""
+    return f"__meta_kubernetes_pod_{kind}_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def in_cluster(app: str, namespace: str, port: int) -> str:
+    """host:port of a Service inside the cluster."""
+    return f"{app}.{namespace}.svc.cluster.local:{port}"
+
+
+@dataclass(frozen=True)
+class AlertReceivers:
+    """Where alerts leave the cluster, besides PagerDuty: every ticket (and every page when the
+    stack has no PagerDuty key) goes to `ticket_webhook_url`; the Watchdog goes to
+    `heartbeat_url`. Without a heartbeat URL (allowed outside prod only) the heartbeat receiver
+    has no integration: the stack has no dead man's switch, and the policy says so in prod."""
+
+    ticket_webhook_url: str
+    heartbeat_url: str | None = None
+
 
 @dataclass(frozen=True)
 class ObservabilityArgs:
@@ -37,6 +100,7 @@ class ObservabilityArgs:
     healthy_percent: float
     pagerduty_routing_key: pulumi.Input[str] | None
     scrape_namespaces: Sequence[str]
+    receivers: AlertReceivers
     storage_class: str = "gp3"
 
 
@@ -68,6 +132,9 @@ def loadbalancer_config(sampler_service: str) -> dict[str, Any]:
 
 
 def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, Any]:
+    """Scrapes every annotated pod of `scrape_namespaces`. The target labels it attaches
+    (namespace, pod, workload) never include a label our code emits: honor_labels stays false,
+    so a clash would rename the code's label to exported_<name> and the rules would miss it."""
     pod_sd = [
         {"role": "pod", "namespaces": {"names": list(args.scrape_namespaces)}},
     ]
@@ -86,20 +153,17 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
                 "kubernetes_sd_configs": pod_sd,
                 "relabel_configs": [
                     {
-                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                        "source_labels": [sd_label("annotation", SCRAPE_ANNOTATION)],
                         "regex": "true",
                         "action": "keep",
                     },
                     {
-                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"],
+                        "source_labels": [sd_label("annotation", PATH_ANNOTATION)],
                         "regex": "(.+)",
                         "target_label": "__metrics_path__",
                     },
                     {
-                        "source_labels": [
-                            "__address__",
-                            "__meta_kubernetes_pod_annotation_prometheus_io_port",
-                        ],
+                        "source_labels": ["__address__", sd_label("annotation", PORT_ANNOTATION)],
                         "regex": "([^:]+)(?::\\d+)?;(\\d+)",
                         "replacement": "$1:$2",
                         "target_label": "__address__",
@@ -107,8 +171,8 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
                     {
-                        "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
-                        "target_label": "service",
+                        "source_labels": [sd_label("label", NAME_LABEL)],
+                        "target_label": alert_rules.WORKLOAD_LABEL,
                     },
                 ],
             }
@@ -122,28 +186,56 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
     }
 
 
-def alertmanager_config(has_pager: bool) -> dict[str, Any]:
-    receivers: list[dict[str, Any]] = [{"name": "null"}]
-    route: dict[str, Any] = {
-        "receiver": "null",
-        "group_by": ["alertname", "slo"],
-        "group_wait": "30s",
-        "group_interval": "5m",
-        "repeat_interval": "4h",
-        "routes": [],
-    }
+def alertmanager_config(has_pager: bool, receivers: AlertReceivers) -> dict[str, Any]:
+    """Three ways out and no silent one: the Watchdog to the heartbeat, pages to PagerDuty (to the
+    ticket webhook when the stack has no PagerDuty key), everything else to the ticket webhook."""
+    heartbeat: dict[str, Any] = {"name": HEARTBEAT_RECEIVER}
+    if receivers.heartbeat_url is not None:
+        # a resolved Watchdog means Prometheus stopped: not a heartbeat, never send it
+        heartbeat["webhook_configs"] = [{"url": receivers.heartbeat_url, "send_resolved": False}]
+    routes: list[dict[str, Any]] = [
+        {
+            "receiver": HEARTBEAT_RECEIVER,
+            "matchers": [f'alertname="{alert_rules.WATCHDOG}"'],
+            # a steady beat: first post at once, then every HEARTBEAT_REPEAT
+            "group_wait": "0s",
+            "group_interval": "1m",
+            "repeat_interval": HEARTBEAT_REPEAT,
+        }
+    ]
+    out: list[dict[str, Any]] = [
+        heartbeat,
+        {"name": TICKET_RECEIVER, "webhook_configs": [{"url": receivers.ticket_webhook_url}]},
+    ]
     if has_pager:
-        receivers.append(
+        out.append(
             {
-                "name": "pagerduty",
+                "name": PAGER_RECEIVER,
                 # Read from the mounted Secret: the key never sits in this ConfigMap.
                 "pagerduty_configs": [
                     {"routing_key_file": "/etc/alertmanager/pagerduty/routing-key"}
                 ],
             }
         )
-        route["routes"].append({"receiver": "pagerduty", "matchers": ['severity="page"']})
-    return {"route": route, "receivers": receivers}
+        routes.append(
+            {
+                "receiver": PAGER_RECEIVER,
+                "matchers": [f'severity="{alert_rules.SEVERITY_PAGE}"'],
+            }
+        )
+    routes.append(
+        {"receiver": TICKET_RECEIVER, "matchers": [f'severity="{alert_rules.SEVERITY_TICKET}"']}
+    )
+    route: dict[str, Any] = {
+        # the catch-all: an alert with an unexpected severity still reaches a person
+        "receiver": TICKET_RECEIVER,
+        "group_by": ["alertname", "slo"],
+        "group_wait": "30s",
+        "group_interval": "5m",
+        "repeat_interval": "4h",
+        "routes": routes,
+    }
+    return {"route": route, "receivers": out}
 
 
 class Observability(pulumi.ComponentResource):
@@ -206,16 +298,17 @@ class Observability(pulumi.ComponentResource):
         )
         rules = alert_rules.render(alert_rules.rule_groups(alert_rules.default_slos()))
         k8s.core.v1.ConfigMap(
-            "prometheus-rules",
+            RULES_CONFIG_MAP,
             metadata=kx.meta(
-                "prometheus-rules", ns, kx.labels("prometheus", "rules", "observability")
+                RULES_CONFIG_MAP, ns, kx.labels("prometheus", "rules", "observability")
             ),
-            data={"likes.rules.yml": rules},
+            data={alert_rules.RULES_FILENAME: rules},
             opts=pulumi.ResourceOptions(parent=self),
         )
+        alertmanager_address = in_cluster("alertmanager", ns, ALERTMANAGER_PORT)
         self._stateful(
             "prometheus",
-            image="prom/prometheus:v3.7.3",
+            image=PROMETHEUS_IMAGE,
             args_=[
                 "--config.file=/etc/prometheus/prometheus.yml",
                 "--storage.tsdb.path=/prometheus",
@@ -223,19 +316,19 @@ class Observability(pulumi.ComponentResource):
                 "--web.enable-lifecycle",
             ],
             files={
-                "prometheus.yml": yaml.safe_dump(
-                    prometheus_config(args, f"alertmanager.{svc}:9093"), sort_keys=False
+                PROMETHEUS_CONFIG_FILE: yaml.safe_dump(
+                    prometheus_config(args, alertmanager_address), sort_keys=False
                 )
             },
             config_path="/etc/prometheus",
-            ports={"http": 9090},
-            probe=kx.http_probe("/-/ready", 9090, delay=10),
-            liveness=kx.http_probe("/-/healthy", 9090, delay=30),
+            ports={"http": PROMETHEUS_PORT},
+            probe=kx.http_probe("/-/ready", PROMETHEUS_PORT, delay=10),
+            liveness=kx.http_probe("/-/healthy", PROMETHEUS_PORT, delay=30),
             replicas=2,
             storage=("data", "/prometheus", args.prometheus_storage_gi),
             resources=kx.resources("2", "8Gi", cpu_limit="4"),
             uid=65534,
-            extra_mounts=[("rules", "prometheus-rules", "/etc/prometheus/rules")],
+            extra_mounts=[("rules", RULES_CONFIG_MAP, "/etc/prometheus/rules")],
             service_account_rbac=True,
         )
         has_pager = args.pagerduty_routing_key is not None
@@ -250,9 +343,10 @@ class Observability(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             extra.append(("pagerduty", f"secret:{PAGERDUTY_SECRET}", "/etc/alertmanager/pagerduty"))
+        receivers = args.receivers
         self._stateful(
             "alertmanager",
-            image="prom/alertmanager:v0.29.0",
+            image=ALERTMANAGER_IMAGE,
             args_=[
                 "--config.file=/etc/alertmanager/alertmanager.yml",
                 "--storage.path=/alertmanager",
@@ -260,12 +354,14 @@ class Observability(pulumi.ComponentResource):
                 *[f"--cluster.peer=alertmanager-{i}.alertmanager.{svc}:9094" for i in range(3)],
             ],
             files={
-                "alertmanager.yml": yaml.safe_dump(alertmanager_config(has_pager), sort_keys=False)
+                ALERTMANAGER_CONFIG_FILE: yaml.safe_dump(
+                    alertmanager_config(has_pager, receivers), sort_keys=False
+                )
             },
             config_path="/etc/alertmanager",
-            ports={"http": 9093, "cluster": 9094},
-            probe=kx.http_probe("/-/ready", 9093),
-            liveness=kx.http_probe("/-/healthy", 9093, delay=10),
+            ports={"http": ALERTMANAGER_PORT, "cluster": 9094},
+            probe=kx.http_probe("/-/ready", ALERTMANAGER_PORT),
+            liveness=kx.http_probe("/-/healthy", ALERTMANAGER_PORT, delay=10),
             replicas=3,
             storage=("data", "/alertmanager", 2),
             resources=kx.resources("100m", "256Mi", cpu_limit="500m"),
@@ -274,7 +370,7 @@ class Observability(pulumi.ComponentResource):
         )
         # the services export with the OTLP/HTTP SDK: the full traces URL of the HTTP receiver
         self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_HTTP}/v1/traces"
-        self.prometheus_url = f"http://prometheus.{svc}:9090"
+        self.prometheus_url = f"http://{in_cluster('prometheus', ns, PROMETHEUS_PORT)}"
         self.register_outputs(
             {"otlp_endpoint": self.otlp_endpoint, "prometheus_url": self.prometheus_url}
         )
@@ -301,8 +397,8 @@ class Observability(pulumi.ComponentResource):
 
     def _config(self, app: str, lbls: dict[str, str], files: dict[str, str]) -> None:
         k8s.core.v1.ConfigMap(
-            f"{app}-config",
-            metadata=kx.meta(f"{app}-config", self._args.namespace, lbls),
+            config_map_name(app),
+            metadata=kx.meta(config_map_name(app), self._args.namespace, lbls),
             data=files,
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -355,7 +451,7 @@ class Observability(pulumi.ComponentResource):
             kx.service_account(app, ns, lbls, child)
         kx.headless_service(app, ns, lbls, match, ports, child)
         volumes, mounts = self._volumes(extra_mounts)
-        volumes.append(kx.config_volume("config", f"{app}-config"))
+        volumes.append(kx.config_volume("config", config_map_name(app)))
         vol_name, vol_path, size = storage
         container = kx.core.ContainerArgs(
             name=app,
@@ -453,7 +549,7 @@ class Observability(pulumi.ComponentResource):
                                 volume_mounts=[kx.mount("config", "/etc/otelcol", read_only=True)],
                             )
                         ],
-                        volumes=[kx.config_volume("config", f"{app}-config")],
+                        volumes=[kx.config_volume("config", config_map_name(app))],
                     ),
                 ),
             ),

@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from infra import config
+import yaml
+
+from infra import alert_routing, alert_rules, config, observability
 
 ZONE_KEY = "topology.kubernetes.io/zone"
 TIER_LABEL = "likes.io/tier"
@@ -290,6 +292,50 @@ def no_public_datastore(resources: Sequence[Resource]) -> list[Violation]:
     return out
 
 
+def _config_file(resources: Iterable[Resource], name: str, key: str) -> Any:
+    for r in resources:
+        if _kind(r) == "ConfigMap" and _get(r.inputs, "metadata", "name") == name:
+            text = (r.inputs.get("data") or {}).get(key)
+            return yaml.safe_load(text) if isinstance(text, str) else None
+    return None
+
+
+def alerts_reach_a_receiver(
+    resources: Sequence[Resource], raw_config: Mapping[str, str]
+) -> list[Violation]:
+    """Every alert the rules can raise reaches a receiver that sends it somewhere, and the
+    Watchdog reaches the heartbeat receiver, which in prod must post to the dead man's switch
+    (review H3: the Watchdog and every ticket went to a `null` receiver)."""
+    am_name = observability.ALERTMANAGER_CONFIG_MAP
+    am = _config_file(resources, am_name, observability.ALERTMANAGER_CONFIG_FILE)
+    rules = _config_file(resources, observability.RULES_CONFIG_MAP, alert_rules.RULES_FILENAME)
+    if am is None or rules is None:
+        return []  # no Alertmanager in this program: nothing to route
+    ident = f"kubernetes:core/v1:ConfigMap::{am_name}"
+    prod = raw_config.get(f"{config.NAMESPACE}:environment") == "prod"
+    out: list[Violation] = []
+    alerts = [r for g in rules.get("groups") or [] for r in g.get("rules") or [] if "alert" in r]
+    for rule in alerts:
+        labels = {**(rule.get("labels") or {}), "alertname": rule["alert"]}
+        try:
+            reached = alert_routing.receivers_for(am, labels)
+        except alert_routing.MatcherError as e:
+            return [Violation("alert-routing", ident, str(e))]
+        what = f"{rule['alert']} (severity={labels.get('severity')})"
+        if rule["alert"] == alert_rules.WATCHDOG:
+            if reached != [observability.HEARTBEAT_RECEIVER]:
+                out.append(Violation("alert-routing", ident, f"{what} reaches {reached}"))
+            elif prod and "webhook" not in alert_routing.integrations(am, reached[0]):
+                out.append(
+                    Violation("alert-routing", ident, f"{what}: no dead man's switch in prod")
+                )
+            continue
+        silent = [r for r in reached if not alert_routing.integrations(am, r)]
+        if silent:
+            out.append(Violation("alert-routing", ident, f"{what} reaches {silent}: sends nowhere"))
+    return list(dict.fromkeys(out))  # one line per distinct problem
+
+
 POLICIES: dict[str, str] = {
     "container-resources": "every container has CPU/memory requests and limits",
     "container-probes": "every long-running container has liveness and readiness probes",
@@ -297,6 +343,8 @@ POLICIES: dict[str, str] = {
     "statefulset-zone-spread": "every StatefulSet is spread (or pinned) across zones",
     "secret-in-plain-config": "no secret in plain config, env literals or ConfigMaps",
     "public-datastore": "no datastore reachable from outside the VPC",
+    "alert-routing": "every alert reaches a receiver that sends it; in prod the Watchdog reaches "
+    "the dead man's switch",
 }
 
 _CHECKS: list[Callable[[Sequence[Resource]], list[Violation]]] = [
@@ -313,4 +361,5 @@ def check(
     for fn in _CHECKS:
         out.extend(fn(resources))
     out.extend(no_plaintext_secrets(resources, raw_config, secret_keys))
+    out.extend(alerts_reach_a_receiver(resources, raw_config))
     return out

@@ -155,6 +155,7 @@ def main() -> None:
             if cfg.pagerduty_routing_key
             else None,
             scrape_namespaces=[platform.NS_APPS, platform.NS_EDGE, platform.NS_DATA],
+            receivers=observability.AlertReceivers(o.ticket_webhook_url, o.heartbeat_url),
         ),
         pulumi.ResourceOptions(
             providers=[eks.provider], depends_on=[ns[platform.NS_OBSERVABILITY]]

@@ -10,6 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from infra import observability
 from infra.config import ServiceScale
 from services.contracts import workloads
 
@@ -129,9 +130,9 @@ class Services(pulumi.ComponentResource):
                     metadata=kx.meta_v1.ObjectMetaArgs(
                         labels=lbls,
                         annotations={
-                            "prometheus.io/scrape": "true",
-                            "prometheus.io/port": str(port),
-                            "prometheus.io/path": workloads.METRICS_PATH,
+                            observability.SCRAPE_ANNOTATION: "true",
+                            observability.PORT_ANNOTATION: str(port),
+                            observability.PATH_ANNOTATION: workloads.METRICS_PATH,
                         },
                     ),
                     spec=kx.core.PodSpecArgs(

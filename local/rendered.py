@@ -27,15 +27,15 @@ class RenderError(Exception):
     """The program could not be rendered, or lacks what the local stack needs from it."""
 
 
-def _fingerprint(stack: str) -> str:
+def _fingerprint(stack: str, repo: Path = REPO_ROOT) -> str:
     h = hashlib.sha256(stack.encode())
     for top in SOURCES:
-        root = REPO_ROOT / top
+        root = repo / top
         files = [root] if root.is_file() else sorted(root.rglob("*"))
         for f in files:
             if f.is_file() and f.suffix in (".py", ".yaml", ".yml", ".json", ".cql", ".avsc"):
-                h.update(str(f.relative_to(REPO_ROOT)).encode())
-                h.update(f.read_bytes())
+                h.update(str(f.relative_to(repo)).encode() + b"\0")
+                h.update(f.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 

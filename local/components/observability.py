@@ -1,19 +1,37 @@
-"""Prometheus and Alertmanager from Debian's packages, with a scrape config generated from the
-stack's own components (every component that serves /metrics lists itself)."""
+"""Prometheus and Alertmanager from Debian's packages, running the configs the Pulumi program
+renders (local/rendered.py) through the explicit local transforms
+(local/observability_transforms.py); what Alertmanager sends lands in a local webhook sink."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import yaml
 
+from infra import observability as obs
+from infra import platform
+from local import observability_render
+from local import observability_transforms as transforms
 from local.components.base import Component, Server, http_probe
 from local.layout import HOST, REPO_ROOT, Layout
 
-RULES_DIR = REPO_ROOT / "local" / "prometheus" / "rules"
-SCRAPE_INTERVAL = "5s"
+
+def _write_if_changed(path: Path, text: str) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def _reload(url: str) -> None:
+    httpx.post(f"{url}/-/reload", timeout=10).raise_for_status()
 
 
 class Alertmanager(Component):
@@ -23,15 +41,38 @@ class Alertmanager(Component):
     def url(self) -> str:
         return f"http://{HOST}:{self.layout.ports.alertmanager}"
 
+    @property
+    def sink_url(self) -> str:
+        return f"http://{HOST}:{self.layout.ports.webhook_sink}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.layout.conf / obs.ALERTMANAGER_CONFIG_FILE
+
     def servers(self) -> list[Server]:
         argv = [
             shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager",
-            f"--config.file={self.layout.conf / 'alertmanager.yml'}",
+            f"--config.file={self.config_path}",
             f"--storage.path={self.layout.data / 'alertmanager'}",
             f"--web.listen-address={HOST}:{self.layout.ports.alertmanager}",
             "--cluster.listen-address=",  # no HA gossip locally
         ]
+        pythonpath = os.pathsep.join(x for x in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if x)
+        sink = [
+            sys.executable, "-m", "local.webhook_sink", "--host", HOST,
+            "--port", str(self.layout.ports.webhook_sink),
+            "--store", str(self.layout.data / "webhook-sink" / "notifications.jsonl"),
+        ]  # fmt: skip
         return [
+            Server(
+                name="webhook-sink",
+                argv=sink,
+                address=self.sink_url,
+                probe=lambda: http_probe(f"{self.sink_url}/-/ready"),
+                env={"PYTHONPATH": pythonpath},
+                start_timeout=30,
+                stop_timeout=5,
+            ),
             Server(
                 name="alertmanager",
                 argv=argv,
@@ -39,26 +80,24 @@ class Alertmanager(Component):
                 probe=lambda: http_probe(f"{self.url}/-/ready"),
                 start_timeout=30,
                 stop_timeout=10,
-            )
+            ),
         ]
-
-    def prepare(self) -> None:
-        self.layout.ensure()
-        config = {
-            "route": {
-                "receiver": "local",
-                "group_by": ["alertname"],
-                "group_wait": "1s",
-                "group_interval": "5s",
-                "repeat_interval": "5m",
-            },
-            # locally alerts are read with `amtool`/the API; production routes to the pager
-            "receivers": [{"name": "local"}],
-        }
-        (self.layout.conf / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def metrics_targets(self) -> list[str]:
         return [f"{HOST}:{self.layout.ports.alertmanager}"]
+
+    def config(self) -> str:
+        cfg = transforms.alertmanager(observability_render.load(self.layout.stack), self.sink_url)
+        return yaml.safe_dump(cfg, sort_keys=False)
+
+    def prepare(self) -> None:
+        self.layout.ensure()
+        _write_if_changed(self.config_path, self.config())
+
+    def bootstrap(self) -> None:
+        # the program changed since Alertmanager started: load the new render
+        if _write_if_changed(self.config_path, self.config()):
+            _reload(self.url)
 
 
 class Prometheus(Component):
@@ -66,16 +105,20 @@ class Prometheus(Component):
 
     def __init__(self, layout: Layout, targets: Callable[[], dict[str, list[str]]]) -> None:
         super().__init__(layout)
-        self._targets = targets  # job name -> host:port list, read when the config is written
+        self._targets = targets  # component name -> host:port list, read when the config is written
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.layout.ports.prometheus}"
 
+    @property
+    def config_path(self) -> Path:
+        return self.layout.conf / obs.PROMETHEUS_CONFIG_FILE
+
     def servers(self) -> list[Server]:
         argv = [
             shutil.which("prometheus") or "/usr/bin/prometheus",
-            f"--config.file={self.layout.conf / 'prometheus.yml'}",
+            f"--config.file={self.config_path}",
             f"--storage.tsdb.path={self.layout.data / 'prometheus'}",
             f"--web.listen-address={HOST}:{self.layout.ports.prometheus}",
             "--web.enable-lifecycle",
@@ -96,33 +139,34 @@ class Prometheus(Component):
     def metrics_targets(self) -> list[str]:
         return [f"{HOST}:{self.layout.ports.prometheus}"]
 
-    def config(self) -> dict[str, object]:
-        jobs = self._targets()  # includes this component's own metrics_targets()
-        return {
-            "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
-            "rule_files": [str(RULES_DIR / "*.yml")],
-            "alerting": {
-                "alertmanagers": [
-                    {"static_configs": [{"targets": [f"{HOST}:{self.layout.ports.alertmanager}"]}]}
-                ]
-            },
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": targets}]}
-                for job, targets in jobs.items()
-                if targets
-            ],
-        }
+    def addresses(self) -> dict[str, str]:
+        """In-cluster address -> the local server that plays it (transform 2)."""
+        am = obs.in_cluster("alertmanager", platform.NS_OBSERVABILITY, obs.ALERTMANAGER_PORT)
+        return {am: f"{HOST}:{self.layout.ports.alertmanager}"}
+
+    def _write(self) -> bool:
+        """Write config, rules and targets; True when Prometheus must reload to see them."""
+        r = observability_render.load(self.layout.stack)
+        rules_dir = self.layout.conf / "rules"
+        cfg, files = transforms.prometheus(
+            r, self._targets(), self.addresses(), rules_dir, self.layout.conf / "targets"
+        )
+        changed = _write_if_changed(self.config_path, yaml.safe_dump(cfg, sort_keys=False))
+        if rules_dir.exists():
+            for old in rules_dir.glob("*.yml"):
+                if old.name not in r.rules:
+                    old.unlink()
+                    changed = True
+        for name, text in r.rules.items():
+            changed |= _write_if_changed(rules_dir / name, text)
+        for path, groups in files.items():
+            _write_if_changed(path, json.dumps(groups, indent=1))  # file_sd watches it
+        return changed
 
     def prepare(self) -> None:
         self.layout.ensure()
-        (self.layout.conf / "prometheus.yml").write_text(
-            yaml.safe_dump(self.config(), sort_keys=False)
-        )
+        self._write()
 
     def bootstrap(self) -> None:
-        # targets change as components are added: rewrite and reload only when the config moved
-        path = self.layout.conf / "prometheus.yml"
-        new = yaml.safe_dump(self.config(), sort_keys=False)
-        if path.read_text() != new:
-            path.write_text(new)
-            httpx.post(f"{self.url}/-/reload", timeout=5).raise_for_status()
+        if self._write():
+            _reload(self.url)

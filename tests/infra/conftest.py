@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from infra import config, plan, stackfile
@@ -32,3 +34,12 @@ def named(p: plan.Plan, kind: str, name: str) -> plan.Declared:
         if r.inputs.get("metadata", {}).get("name") == name:
             return r
     raise AssertionError(f"no {kind} named {name}")
+
+
+def tool(name: str, package: str) -> str:
+    """Path of a binary the tests run; a missing one fails the test (a skip would turn a machine
+    without the binary into a green run that checked nothing)."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: `apt-get install {package}` (local/setup.sh does)")
+    return path

@@ -143,3 +143,37 @@ def test_cli_tree_and_policy_failure_exit_1(monkeypatch: pytest.MonkeyPatch) -> 
     bad = CliRunner().invoke(cli.app, ["plan", "--stack", "staging"])
     assert bad.exit_code == 1
     assert "crafted" in bad.output and "FAIL" in bad.output
+
+
+def _observability(raw: dict[str, str], **patch: object) -> None:
+    """Patch likes:observability; a None value removes the key."""
+    obs = {**json.loads(raw["likes:observability"]), **patch}
+    raw["likes:observability"] = json.dumps({k: v for k, v in obs.items() if v is not None})
+
+
+def test_heartbeat_url_is_required_in_prod_naming_the_key() -> None:
+    raw, secrets = _raw("prod-us")
+    _observability(raw, heartbeatUrl=None)
+    problems = _error(raw, secrets).problems
+    assert [k for k, _ in problems] == ["likes:observability.heartbeatUrl"]
+    assert "required in prod" in problems[0][1]
+
+
+def test_heartbeat_url_is_optional_outside_prod() -> None:
+    raw, secrets = _raw("staging")
+    _observability(raw, heartbeatUrl=None)
+    assert config.parse(raw, secrets).observability.heartbeat_url is None
+
+
+@pytest.mark.parametrize(
+    ("patch", "key"),
+    [
+        ({"ticketWebhookUrl": None}, "likes:observability.ticketWebhookUrl"),
+        ({"ticketWebhookUrl": "oncall.example.com/hook"}, "likes:observability.ticketWebhookUrl"),
+        ({"heartbeatUrl": "ftp://x"}, "likes:observability.heartbeatUrl"),
+    ],
+)
+def test_alert_receiver_urls_are_validated(patch: dict[str, object], key: str) -> None:
+    raw, secrets = _raw("staging")
+    _observability(raw, **patch)
+    assert [k for k, _ in _error(raw, secrets).problems] == [key]

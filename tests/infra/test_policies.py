@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import yaml
 
-from infra import plan, policies
+from infra import observability, plan, policies
 from services.contracts import workloads
 from tests.infra.conftest import STACKS, named
 
@@ -34,6 +35,8 @@ def test_every_policy_passes_on_the_real_program(plans: dict[str, plan.Plan], st
     assert policies.statefulsets_have_pdb_and_zone_spread(p.resources) == []
     assert policies.no_public_datastore(p.resources) == []
     assert policies.no_plaintext_secrets(p.resources, sf_raw, list(sf_raw)) == []
+    prod = {"likes:environment": "prod"}
+    assert policies.alerts_reach_a_receiver(p.resources, prod) == []
 
 
 def test_container_without_limits_or_probes_fails(plans: dict[str, plan.Plan]) -> None:
@@ -130,3 +133,53 @@ def test_public_datastore_endpoint_fails(plans: dict[str, plan.Plan]) -> None:
     assert "peers" in v.message
     # The gateway's public NLB is not a datastore.
     assert policies.no_public_datastore([named(p, "Service", "envoy")]) == []
+
+
+def _alertmanager(p: plan.Plan) -> tuple[R, dict[str, Any]]:
+    cm = _k8s(named(p, "ConfigMap", observability.ALERTMANAGER_CONFIG_MAP))
+    return cm, yaml.safe_load(cm.inputs["data"][observability.ALERTMANAGER_CONFIG_FILE])
+
+
+def _with(cm: R, am: dict[str, Any]) -> R:
+    cm.inputs["data"][observability.ALERTMANAGER_CONFIG_FILE] = yaml.safe_dump(am)
+    return cm
+
+
+def _rules(p: plan.Plan) -> R:
+    return _k8s(named(p, "ConfigMap", observability.RULES_CONFIG_MAP))
+
+
+def test_alert_routed_to_a_silent_receiver_fails(plans: dict[str, plan.Plan]) -> None:
+    """The H3 shape: tickets and the Watchdog sent to a receiver without integrations."""
+    p = plans["prod-us"]
+    cm, am = _alertmanager(p)
+    am["receivers"].append({"name": "null"})
+    for route in am["route"]["routes"]:
+        if route["receiver"] in ("tickets", "heartbeat"):
+            route["receiver"] = "null"
+    found = policies.alerts_reach_a_receiver([_with(cm, am), _rules(p)], {})
+    messages = {v.message for v in found}
+    assert {v.policy for v in found} == {"alert-routing"}
+    assert "Watchdog (severity=none) reaches ['null']" in messages
+    assert "TraceExportFailing (severity=ticket) reaches ['null']: sends nowhere" in messages
+
+
+def test_watchdog_without_a_dead_mans_switch_fails_in_prod_only(
+    plans: dict[str, plan.Plan],
+) -> None:
+    p = plans["staging"]
+    cm, am = _alertmanager(p)
+    (heartbeat,) = [r for r in am["receivers"] if r["name"] == "heartbeat"]
+    del heartbeat["webhook_configs"]  # what a stack without likes:observability.heartbeatUrl gets
+    resources = [_with(cm, am), _rules(p)]
+    assert policies.alerts_reach_a_receiver(resources, {"likes:environment": "staging"}) == []
+    (v,) = policies.alerts_reach_a_receiver(resources, {"likes:environment": "prod"})
+    assert v.message == "Watchdog (severity=none): no dead man's switch in prod"
+
+
+def test_a_matcher_the_policy_cannot_read_fails_loudly(plans: dict[str, plan.Plan]) -> None:
+    p = plans["staging"]
+    cm, am = _alertmanager(p)
+    am["route"]["routes"][0]["matchers"] = ["alertname=Watchdog"]  # unquoted: valid, not parsed
+    (v,) = policies.alerts_reach_a_receiver([_with(cm, am), _rules(p)], {})
+    assert "unsupported matcher" in v.message

@@ -1,0 +1,78 @@
+"""What the Pulumi program renders for Prometheus and Alertmanager, taken from the stack's render
+(local/rendered.py: the program under Pulumi's mocks, cached): the configs, the rules, and the pod
+templates Kubernetes service discovery would see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from infra import observability as obs
+from infra import plan
+from local import rendered
+
+NAME_LABEL = "app.kubernetes.io/name"
+_WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet"}
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A rendered workload's pod template, as Kubernetes service discovery would see its pods."""
+
+    namespace: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return self.labels.get(NAME_LABEL, "")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    prometheus: dict[str, Any]  # prometheus.yml
+    rules: dict[str, str]  # rules file name -> text (the rules ConfigMap)
+    alertmanager: dict[str, Any]  # alertmanager.yml
+    pods: list[Pod]
+
+    def pod(self, name: str) -> Pod | None:
+        return next((p for p in self.pods if p.name == name), None)
+
+
+def from_plan(p: plan.Plan) -> Rendered:
+    """The observability configs and pod templates of one plan (the infra tests' entry)."""
+    return from_resources([r.as_json() | {"type": r.type} for r in p.resources])
+
+
+def from_resources(resources: list[dict[str, Any]]) -> Rendered:
+    """The observability configs and the pod templates of a render's resources."""
+
+    def data(config_map: str) -> dict[str, str]:
+        for r in resources:
+            meta = r["inputs"].get("metadata", {})
+            if r["type"] == "kubernetes:core/v1:ConfigMap" and meta.get("name") == config_map:
+                return dict(r["inputs"]["data"])
+        raise KeyError(f"the render has no ConfigMap {config_map}")
+
+    pods = []
+    for r in resources:
+        if r["inputs"].get("kind") not in _WORKLOAD_KINDS:
+            continue
+        template = r["inputs"].get("spec", {}).get("template", {}).get("metadata", {})
+        ns = r["inputs"].get("metadata", {}).get("namespace", "default")
+        pods.append(Pod(ns, template.get("labels") or {}, template.get("annotations") or {}))
+    return Rendered(
+        prometheus=yaml.safe_load(data(obs.PROMETHEUS_CONFIG_MAP)[obs.PROMETHEUS_CONFIG_FILE]),
+        rules=data(obs.RULES_CONFIG_MAP),
+        alertmanager=yaml.safe_load(
+            data(obs.ALERTMANAGER_CONFIG_MAP)[obs.ALERTMANAGER_CONFIG_FILE]
+        ),
+        pods=pods,
+    )
+
+
+def load(stack: str) -> Rendered:
+    """The observability part of `stack`'s render (cached by local/rendered.py)."""
+    return from_resources(rendered.render(stack).resources)

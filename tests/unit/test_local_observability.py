@@ -1,0 +1,242 @@
+"""The local stack's observability: only the listed transforms change the rendered configs, the
+file_sd targets carry what Kubernetes SD would attach, the webhook sink keeps what arrives, and the
+render is cached by the hash of its sources."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infra import observability as obs
+from local import observability_transforms as transforms
+from local import rendered, webhook_sink
+from local.observability_render import Pod, Rendered
+
+AM_IN_CLUSTER = obs.in_cluster("alertmanager", "likes-observability", obs.ALERTMANAGER_PORT)
+AM_LOCAL = "127.0.0.1:9093"
+SCRAPED = {"prometheus.io/scrape": "true", "prometheus.io/port": "8080", "prometheus.io/path": "/m"}
+
+
+def _render(heartbeat: str | None = "https://hb.example/x") -> Rendered:
+    args = obs.ObservabilityArgs(
+        namespace="likes-observability",
+        cluster_name="c",
+        region="r",
+        mimir_remote_write_url="https://mimir.example/push",
+        prometheus_retention="1d",
+        prometheus_storage_gi=1,
+        tempo_storage_gi=1,
+        collector_replicas=1,
+        latency_threshold_ms=1,
+        healthy_percent=1.0,
+        pagerduty_routing_key="k",
+        scrape_namespaces=["likes", "likes-data"],
+    )
+    return Rendered(
+        prometheus=obs.prometheus_config(args, AM_IN_CLUSTER),
+        rules={"likes.rules.yml": "groups: []\n"},
+        alertmanager=obs.alertmanager_config(
+            True, obs.AlertReceivers("https://t.example/hook", heartbeat)
+        ),
+        pods=[
+            Pod(
+                "likes",
+                {obs.NAME_LABEL: "write-svc", "app.kubernetes.io/part-of": "likes"},
+                SCRAPED,
+            ),
+            Pod("likes", {obs.NAME_LABEL: "aggregator"}, {**SCRAPED, "prometheus.io/port": "9100"}),
+            Pod("likes-data", {obs.NAME_LABEL: "etcd"}, {}),
+            Pod("likes-observability", {obs.NAME_LABEL: "prometheus"}, {}),
+        ],
+    )
+
+
+JOBS = {
+    "write": ["127.0.0.1:8100"],
+    "aggregator": ["127.0.0.1:8400"],
+    "etcd": ["127.0.0.1:2379"],
+    "prometheus": ["127.0.0.1:9090"],
+    "cassandra": ["127.0.0.1:9042"],
+}
+
+
+def test_file_sd_targets_carry_the_labels_kubernetes_sd_would_attach() -> None:
+    groups = transforms.file_sd_groups(_render(), JOBS, ["likes", "likes-data"])
+    by_target = {g["targets"][0]: g["labels"] for g in groups}
+    # prometheus: its namespace is not watched; cassandra: no such pod in the cluster
+    assert set(by_target) == {"127.0.0.1:8100", "127.0.0.1:8400", "127.0.0.1:2379"}
+    write = by_target["127.0.0.1:8100"]
+    assert write == {
+        "__meta_kubernetes_namespace": "likes",
+        "__meta_kubernetes_pod_name": "write-svc-local-0",
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": "write-svc",
+        "__meta_kubernetes_pod_labelpresent_app_kubernetes_io_name": "true",
+        "__meta_kubernetes_pod_label_app_kubernetes_io_part_of": "likes",
+        "__meta_kubernetes_pod_labelpresent_app_kubernetes_io_part_of": "true",
+        "__meta_kubernetes_pod_annotation_prometheus_io_scrape": "true",
+        "__meta_kubernetes_pod_annotationpresent_prometheus_io_scrape": "true",
+        # the one in-cluster fact replaced: the port the local process listens on
+        "__meta_kubernetes_pod_annotation_prometheus_io_port": "8100",
+        "__meta_kubernetes_pod_annotationpresent_prometheus_io_port": "true",
+        "__meta_kubernetes_pod_annotation_prometheus_io_path": "/m",
+        "__meta_kubernetes_pod_annotationpresent_prometheus_io_path": "true",
+    }
+    assert by_target["127.0.0.1:8400"]["__meta_kubernetes_pod_annotation_prometheus_io_port"] == (
+        "8400"
+    )
+    # etcd is listed as the SD would find it; not annotated, the rendered keep rule drops it
+    assert (
+        "__meta_kubernetes_pod_annotation_prometheus_io_scrape" not in by_target["127.0.0.1:2379"]
+    )
+    everywhere = transforms.file_sd_groups(_render(), JOBS, None)
+    assert len(everywhere) == 4  # no namespace list: every namespace, as Kubernetes SD does
+
+
+def _without(cfg: dict[str, Any], *keys: str) -> dict[str, Any]:
+    out = copy.deepcopy(cfg)
+    for key in keys:
+        out.pop(key, None)
+    return out
+
+
+def test_prometheus_changes_only_the_listed_parts(tmp_path: Path) -> None:
+    r = _render()
+    cfg, files = transforms.prometheus(
+        r, JOBS, {AM_IN_CLUSTER: AM_LOCAL}, tmp_path / "rules", tmp_path
+    )
+    (scrape,) = cfg["scrape_configs"]
+    (rendered_scrape,) = r.prometheus["scrape_configs"]
+    assert "kubernetes_sd_configs" not in scrape
+    assert scrape["file_sd_configs"] == [{"files": [str(tmp_path / "pods-0.json")]}]
+    assert list(files) == [tmp_path / "pods-0.json"] and len(files[tmp_path / "pods-0.json"]) == 3
+    assert _without(scrape, "file_sd_configs") == _without(rendered_scrape, "kubernetes_sd_configs")
+    assert cfg["alerting"]["alertmanagers"][0]["static_configs"] == [{"targets": [AM_LOCAL]}]
+    assert cfg["rule_files"] == [str(tmp_path / "rules" / "*.yml")]
+    assert "remote_write" not in cfg
+    changed = ("scrape_configs", "alerting", "rule_files", "remote_write")
+    assert _without(cfg, *changed) == _without(r.prometheus, *changed)  # global etc. as rendered
+    assert r.prometheus == _render().prometheus  # the render itself is left alone
+
+
+def test_an_address_without_a_local_server_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(transforms.TransformError, match="no local server plays"):
+        transforms.prometheus(_render(), JOBS, {}, tmp_path, tmp_path)
+
+
+def test_a_discovery_the_transform_cannot_play_is_an_error(tmp_path: Path) -> None:
+    r = _render()
+    r.prometheus["scrape_configs"][0]["kubernetes_sd_configs"][0]["role"] = "endpoints"
+    with pytest.raises(transforms.TransformError, match="cannot play"):
+        transforms.prometheus(r, JOBS, {AM_IN_CLUSTER: AM_LOCAL}, tmp_path, tmp_path)
+
+
+def test_alertmanager_receivers_post_to_the_sink_and_routes_stay() -> None:
+    r = _render()
+    cfg = transforms.alertmanager(r, "http://127.0.0.1:9095")
+    assert cfg["route"] == r.alertmanager["route"]
+    assert {rc["name"]: rc for rc in cfg["receivers"]} == {
+        "heartbeat": {
+            "name": "heartbeat",
+            "webhook_configs": [{"url": "http://127.0.0.1:9095/heartbeat", "send_resolved": False}],
+        },
+        "tickets": {
+            "name": "tickets",
+            "webhook_configs": [{"url": "http://127.0.0.1:9095/tickets"}],
+        },
+        "pagerduty": {
+            "name": "pagerduty",
+            "webhook_configs": [{"url": "http://127.0.0.1:9095/pagerduty"}],
+        },
+    }
+    # a receiver that sends nothing when rendered sends nothing locally either
+    silent = transforms.alertmanager(_render(heartbeat=None), "http://127.0.0.1:9095")
+    assert {"name": "heartbeat"} in silent["receivers"]
+
+
+# --- the webhook sink --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    store = tmp_path / "sink" / "n.jsonl"
+    server = webhook_sink.ThreadingHTTPServer(
+        ("127.0.0.1", 0), webhook_sink.handler(webhook_sink.Store(store))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", store
+    server.shutdown()
+    server.server_close()
+
+
+def test_sink_keeps_what_arrived_and_serves_it_back(sink: tuple[str, Path]) -> None:
+    url, store = sink
+    assert httpx.get(f"{url}/-/ready").status_code == 200
+    assert httpx.post(f"{url}/heartbeat", json={"alerts": [{"a": 1}]}).status_code == 200
+    assert httpx.post(f"{url}/tickets", json={"alerts": [{"b": 2}]}).status_code == 200
+    beats = httpx.get(f"{url}/heartbeat").json()
+    assert [(e["receiver"], e["payload"]) for e in beats] == [("heartbeat", {"alerts": [{"a": 1}]})]
+    assert [e["receiver"] for e in httpx.get(f"{url}/").json()] == ["heartbeat", "tickets"]
+    # JSON lines on disk: a restarted sink still has them
+    assert len(webhook_sink.Store(store).read()) == 2
+    assert [json.loads(line)["receiver"] for line in store.read_text().splitlines()] == [
+        "heartbeat",
+        "tickets",
+    ]
+
+
+def test_sink_refuses_what_it_cannot_store(sink: tuple[str, Path]) -> None:
+    url, _ = sink
+    assert httpx.post(f"{url}/x", content=b"{not json").status_code == 400
+    assert httpx.post(f"{url}/", json={}).status_code == 400
+    assert httpx.get(f"{url}/").json() == []
+
+
+# --- the render cache --------------------------------------------------------------------------
+
+
+def test_the_render_fingerprint_follows_every_source_file(tmp_path: Path) -> None:
+    for top in rendered.SOURCES:
+        if "." in top:
+            (tmp_path / top).write_text("name: likes\n")
+            continue
+        (tmp_path / top).mkdir(parents=True)
+        (tmp_path / top / "a.py").write_text("x = 1\n")
+    first = rendered._fingerprint("staging", tmp_path)
+    assert rendered._fingerprint("prod-us", tmp_path) != first
+    (tmp_path / "stacks" / "a.py").write_text("x = 2\n")
+    assert rendered._fingerprint("staging", tmp_path) != first
+    (tmp_path / "stacks" / "a.py").write_text("x = 1\n")
+    (tmp_path / "infra" / "__pycache__").mkdir()
+    (tmp_path / "infra" / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    assert rendered._fingerprint("staging", tmp_path) == first  # bytecode is not a source
+
+
+def test_render_plans_once_per_source_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infra import config, plan
+
+    plans: list[str] = []
+    state = {"hash": "aaa"}
+
+    class Planned:
+        ok, violations, resources = True, [], []
+
+    monkeypatch.setattr(rendered, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(rendered, "_fingerprint", lambda stack: state["hash"])
+    monkeypatch.setattr(plan, "run", lambda stack: plans.append(stack) or Planned())
+    monkeypatch.setattr(config, "parse", lambda *_: None)
+    render = rendered.render.__wrapped__  # past the per-process memo: the disk cache's behaviour
+    first = render("staging")
+    assert render("staging") == first and plans == ["staging"]
+    state["hash"] = "bbb"
+    assert render("staging") == first and plans == ["staging", "staging"]
+    assert [p.name for p in tmp_path.iterdir()] == ["staging-bbb.json"]
