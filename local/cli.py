@@ -75,7 +75,9 @@ def up(
     """Render the stack's Pulumi program (under mocks, cached), start every server that is not
     running from what it renders, wait until each answers, print the status.
 
-    Idempotent: a second `up` starts nothing and changes nothing."""
+    The status printed (and the exit code) is one last probe of every server, the same one
+    `likes local status` makes; a server that stopped answering after it was waited for is waited
+    for again, up to its start timeout. Idempotent: a second `up` starts nothing."""
     lay = layout.from_env(stack=stack)
     recorded_stack = layout.recorded_stack(lay.home)
     if stack is not None and recorded_stack is not None and recorded_stack != stack:
@@ -113,11 +115,11 @@ def up(
         err.print(f"[red]error:[/] unknown component(s) {unknown}; known: {list(sup.components)}")
         raise typer.Exit(2)
     t0 = time.monotonic()
+    scope = [n for n, (c, _s) in sup.all_servers().items() if not only or c.name in only]
     try:
-        started = _run_with_progress(sup, only)
+        started, status = _run_with_progress(sup, only, scope)
     except (supervisor.StartError, MavenError, rendered.RenderError, MissingBinary) as e:
         raise _fail(e) from None
-    status = sup.status()
     if json_out:
         print(json.dumps(status))
     else:
@@ -127,22 +129,21 @@ def up(
             console.print(f"started {len(started)} server(s) in {took:.1f}s")
         else:
             console.print("everything was already running; nothing changed")
-    if not all(s["healthy"] for n, s in status.items() if not only or _comp_of(sup, n) in only):
+    if not all(status[n]["healthy"] for n in scope):
         raise typer.Exit(1)
 
 
-def _comp_of(sup: supervisor.Supervisor, server: str) -> str:
-    return sup.all_servers()[server][0].name
-
-
-def _run_with_progress(sup: supervisor.Supervisor, only: list[str] | None) -> list[str]:
+def _run_with_progress(
+    sup: supervisor.Supervisor, only: list[str] | None, scope: list[str]
+) -> tuple[list[str], dict[str, dict[str, object]]]:
+    """Start what is missing, then settle: the status to print is the last probe of all."""
     if not console.is_terminal:
         t0 = time.monotonic()
 
         def line(name: str, msg: str) -> None:
             console.print(f"[{time.monotonic() - t0:6.1f}s] {name}: {msg}", highlight=False)
 
-        return sup.up(line, only)
+        return sup.up(line, only), sup.settle(scope, line)
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
     ) as progress:
@@ -154,7 +155,7 @@ def _run_with_progress(sup: supervisor.Supervisor, only: list[str] | None) -> li
             done = msg in ("ready", "failed")
             progress.update(tasks[name], description=f"{name}: {msg}", completed=1 if done else 0)
 
-        return sup.up(report, only)
+        return sup.up(report, only), sup.settle(scope, report)
 
 
 @app.command()

@@ -33,6 +33,27 @@ class StartError(Exception):
         self.log_tail = log_tail
 
 
+@dataclass(frozen=True)
+class Health:
+    """One probe's answer for one server: `reason` says why it is not healthy (None if it is)."""
+
+    address: str
+    pid: int | None
+    reason: str | None
+
+    @property
+    def healthy(self) -> bool:
+        return self.pid is not None and self.reason is None
+
+    @property
+    def waitable(self) -> bool:
+        """Running but not answering: worth waiting for (a server that is gone is not)."""
+        return self.pid is not None and self.reason is not None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"address": self.address, "pid": self.pid, "healthy": self.healthy}
+
+
 @dataclass
 class Entry:
     name: str
@@ -273,23 +294,55 @@ class Supervisor:
         return stopped
 
     # -- status --------------------------------------------------------------------------
-    def status(self) -> dict[str, dict[str, object]]:
-        """name -> {address, pid, healthy} for every server of the stack."""
+    def check(self) -> dict[str, Health]:
+        """One probe of every server of the stack: the only place "healthy" is decided."""
         entries = self._load()
-        out: dict[str, dict[str, object]] = {}
+        out: dict[str, Health] = {}
         for name, (_comp, srv) in self.all_servers().items():
             e = entries.get(name)
-            alive = e is not None and self.is_alive(e)
-            healthy = False
-            if alive:
-                try:
-                    srv.probe()
-                    healthy = True
-                except ProbeFailed:
-                    healthy = False
-            out[name] = {
-                "address": srv.address,
-                "pid": e.pid if alive and e else None,
-                "healthy": healthy,
-            }
+            if e is None or not self.is_alive(e):
+                out[name] = Health(srv.address, None, "not running")
+                continue
+            try:
+                srv.probe()
+                out[name] = Health(srv.address, e.pid, None)
+            except ProbeFailed as failed:
+                out[name] = Health(srv.address, e.pid, str(failed))
         return out
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """name -> {address, pid, healthy} for every server of the stack."""
+        return {name: h.as_dict() for name, h in self.check().items()}
+
+    def settle(
+        self, names: Iterable[str], report: Reporter, interval: float = 0.5
+    ) -> dict[str, dict[str, object]]:
+        """Probe every server, as `status` does, until one pass finds all of `names` healthy, and
+        return that pass; a running server that is not healthy is waited for up to its start
+        timeout, then reported as it is. `up` prints this, never an earlier probe: a server that
+        answered while `up` waited for it and stops answering a moment later (a readiness that
+        flaps) is waited for again, or reported unhealthy, but not declared ready."""
+        wanted = set(names)
+        servers = self.all_servers()
+        until: dict[str, float] = {}  # waited for since first seen not ready, each once
+        unready: set[str] = set()  # reported as not ready, not seen ready since
+        while True:
+            health = self.check()
+            now = time.monotonic()
+            waiting = False
+            for n in sorted(wanted & health.keys()):
+                h = health[n]
+                if h.waitable:
+                    until.setdefault(n, now + servers[n][1].start_timeout)
+                    waiting = waiting or now < until[n]
+                    if n not in unready:
+                        unready.add(n)
+                        report(n, f"not ready now ({h.reason}); waiting")
+                elif h.healthy and n in unready:
+                    unready.discard(n)
+                    report(n, "ready")
+            if not waiting:
+                for n in sorted(unready):
+                    report(n, "failed")
+                return {name: h.as_dict() for name, h in health.items()}
+            time.sleep(interval)

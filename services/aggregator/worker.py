@@ -50,12 +50,16 @@ from services.aggregator.dlq import DeadLetter
 from services.aggregator.purge import Purger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
 from services.aggregator.store import CounterStore, Plan, StoreError
+from services.common.worker_http import LoopHealth
 from services.contracts import bloom
 from services.contracts.events import LikeEvent
 
 log = logging.getLogger("aggregator")
 
 MAX_CAS_ROUNDS = 20
+# what the loop can be stuck retrying (a /readyz check each)
+REGISTRY = "schema-registry"
+WINDOW_FLUSH = "window-flush"
 
 
 class Transient(Exception):
@@ -111,6 +115,7 @@ class Aggregator:
         self._base = {t: t[len(settings.agg_topic_prefix) :] for t in settings.source_topics}
         self._crash = settings.agg_test_crash
         self.stop = threading.Event()
+        self.loop = LoopHealth((REGISTRY, WINDOW_FLUSH), clock=clock)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -138,7 +143,7 @@ class Aggregator:
             self.consumer.close()
 
     def step(self, timeout: float = 0.1) -> None:
-        self.last_poll = time.monotonic()
+        self.loop.turned()
         msgs = self.consumer.consume(num_messages=1000, timeout=timeout)
         self._handle_batch(msgs)
         if self.windower.due():
@@ -259,20 +264,28 @@ class Aggregator:
             w.likers.add((event.user_id, event.post_id))
 
     def _retry_transient(self, fn: Callable[[], LikeEvent | None]) -> LikeEvent | None:
-        for attempt in Retrying(
+        retrying = Retrying(
             retry=retry_if_exception_type(Transient),
             wait=wait_exponential(multiplier=0.2, max=5),
             stop=stop_when_event_set(self.stop),
             reraise=True,
             sleep=self.sleep,
-            before_sleep=lambda rs: log.warning(
-                "registry unreachable; retrying the message",
-                extra={"fields": {"attempt": rs.attempt_number}},
-            ),
-        ):
-            with attempt:
-                return fn()
-        return None  # unreachable: Retrying either returns or raises
+            before_sleep=self._registry_failed,
+        )
+        with self.loop.retrying(REGISTRY):  # not ready while this waits (see LoopHealth)
+            event = retrying(fn)
+        attempts = retrying.statistics.get("attempt_number", 1)
+        if attempts > 1:
+            log.info("registry reachable again; resuming", extra={"fields": {"attempts": attempts}})
+        return event
+
+    def _registry_failed(self, rs: RetryCallState) -> None:
+        self.loop.failed(REGISTRY)
+        error = rs.outcome.exception() if rs.outcome else None
+        log.warning(
+            "registry unreachable; retrying the message",
+            extra={"fields": {"attempt": rs.attempt_number, "error": str(error)}},
+        )
 
     def _decode(self, m: Message) -> LikeEvent:
         value = m.value()
@@ -313,18 +326,18 @@ class Aggregator:
 
     # -- flush --------------------------------------------------------------------------------
     def _flush_with_retry(self, w: Window) -> None:
-        for attempt in Retrying(
+        retrying = Retrying(
             wait=wait_exponential(multiplier=0.2, max=5),
             stop=stop_when_event_set(self.stop),
             reraise=True,
             sleep=self.sleep,
             before_sleep=self._flush_failed,
-        ):
-            with attempt:
-                self._flush(w)
+        )
+        with self.loop.retrying(WINDOW_FLUSH):
+            retrying(self._flush, w)
 
-    @staticmethod
-    def _flush_failed(rs: RetryCallState) -> None:
+    def _flush_failed(self, rs: RetryCallState) -> None:
+        self.loop.failed(WINDOW_FLUSH)
         metrics.FLUSH_FAILURES.inc()
         error = rs.outcome.exception() if rs.outcome else None
         log.warning(
@@ -476,8 +489,8 @@ class Aggregator:
     # -- health -------------------------------------------------------------------------------
     def ready(self) -> dict[str, bool]:
         # a member that holds no partitions right now (a rebalance, more workers than partitions)
-        # is healthy; a poll loop that stopped turning is not
-        checks = {"poll-loop": time.monotonic() - getattr(self, "last_poll", 0.0) < 30.0}
+        # is healthy; a poll loop that stopped turning, or is stuck retrying, is not
+        checks = self.loop.checks()
         try:
             checks["counter-store"] = self.store.reachable()
         except Exception:

@@ -1,10 +1,13 @@
-"""A small HTTP server for Kafka workers: /healthz, /readyz and /metrics, on its own thread."""
+"""A small HTTP server for Kafka workers: /healthz, /readyz and /metrics, on its own thread; and
+LoopHealth, what a worker's /readyz says about its own loop."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -42,3 +45,51 @@ def serve(host: str, port: int, ready: Callable[[], dict[str, bool]]) -> Threadi
     server = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="ops-http", daemon=True).start()
     return server
+
+
+class LoopHealth:
+    """Whether a worker's loop is making progress, as /readyz checks.
+
+    A loop retrying a dependency is alive but stuck: it says so at once, naming the dependency,
+    and is ready again as soon as the retry succeeds. Freshness alone ("turned in the last 30 s")
+    would read a loop blocked in a retry as ready until the bound passes, then flip to not ready
+    with nothing having changed: one probe says ready, the next one, a moment later, not.
+    The freshness bound stays, for a loop that stopped without retrying anything (a hung call).
+    """
+
+    def __init__(
+        self,
+        dependencies: Iterable[str],
+        stale_after_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.dependencies = tuple(dependencies)
+        self._stale_after_s = stale_after_s
+        self._clock = clock
+        self._turned: float | None = None
+        self.waiting_for: str | None = None
+
+    def turned(self) -> None:
+        """The loop went round once."""
+        self._turned = self._clock()
+
+    def failed(self, dependency: str) -> None:
+        """A retry on `dependency` failed and will be tried again: the loop still turns."""
+        if dependency not in self.dependencies:
+            raise ValueError(f"{dependency!r} is not one of {self.dependencies}")
+        self.waiting_for = dependency
+        self.turned()
+
+    @contextmanager
+    def retrying(self, dependency: str) -> Iterator[None]:
+        """Around a retry loop on `dependency`: however it ends, the loop no longer waits on it."""
+        try:
+            yield
+        finally:
+            if self.waiting_for == dependency:
+                self.waiting_for = None
+
+    def checks(self) -> dict[str, bool]:
+        turned = self._turned
+        fresh = turned is not None and self._clock() - turned < self._stale_after_s
+        return {"poll-loop": fresh, **{d: d != self.waiting_for for d in self.dependencies}}

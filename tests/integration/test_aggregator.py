@@ -405,7 +405,8 @@ def test_crash_between_cell_writes_and_offset_commit_applies_nothing_twice(
             lambda: (r := http_get(port, "/readyz"))[0] == 200 and r, what="/readyz 200"
         )
         assert json.loads(body)["checks"] == {
-            "poll-loop": True, "counter-store": True, "count-cache": True,
+            "poll-loop": True, "schema-registry": True, "window-flush": True,
+            "counter-store": True, "count-cache": True,
         }  # fmt: skip
         produce(producer, [msg(serialize, like(post)) for _ in range(2)])
         wait_for(lambda: agg_count(rc, post) == 14, what="count after more events")
