@@ -119,7 +119,7 @@ def stack_secrets(layout: Layout) -> dict[str, str]:
     except FileNotFoundError:
         values = {}
     missing = {f"{s}/{k}": make() for (s, k), make in _SECRET_MAKERS.items()
-               if f"{s}/{k}" not in values}  # fmt: skip
+               if not values.get(f"{s}/{k}")}  # fmt: skip
     if missing:
         values.update(missing)
         path.parent.mkdir(parents=True, exist_ok=True)

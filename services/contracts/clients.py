@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from services.contracts import events
 from services.contracts.settings import Settings
@@ -51,6 +52,11 @@ def idem_store(settings: Settings, timeout: float = 0.5) -> RedisCluster:
         decode_responses=True,
         cluster_error_retry_attempts=1,
     )
+
+
+# everything a Redis Cluster client raises when a request cannot be served: a cluster it cannot
+# reach at all raises RedisClusterException, which is not a RedisError
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
 
 
 # everything the driver raises when a request cannot be served: answer 503 / degrade on these

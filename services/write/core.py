@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.contracts import bloom, events, keys
-from services.contracts.clients import CASSANDRA_ERRORS
+from services.contracts.clients import CASSANDRA_ERRORS, REDIS_ERRORS
 
 log = logging.getLogger("write")
 
@@ -185,7 +185,7 @@ class LikeWriter:
     def _idem_get(self, it: Intent) -> Outcome | None:
         try:
             raw = self.idem.get(keys.idem_key(it.user_id, it.post_id, it.intent_uuid))
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             raise Unavailable("idem-store", str(e)) from e
         if raw is None:
             return None
@@ -207,7 +207,7 @@ class LikeWriter:
                 keys.idem_key(it.user_id, it.post_id, it.intent_uuid), json.dumps(value),
                 ex=IDEM_TTL_S,
             )  # fmt: skip
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             # the like is committed and its intent row dedups any retry: still a 202
             log.warning("idem SET failed after commit", extra={"fields": {"error": str(e)}})
 

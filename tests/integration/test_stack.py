@@ -27,6 +27,7 @@ def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None
         "etcd", "idem-store", "cassandra", "schema-registry", "prometheus", "alertmanager",
         "webhook-sink",
         "write", "read", "outbox-relay", "aggregator", "hotkey-sampler", "hotkey-operator",
+        "identity-provider", "gateway", "ratelimit", "ratelimit-redis",
         *(f"hot-pool-{i}" for i in range(1, 5)),
         *(f"count-cache-{i}" for i in range(1, 7)),
         *(f"kafka-{i}" for i in range(1, stack.layout.kafka_brokers + 1)),

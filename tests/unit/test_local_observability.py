@@ -38,6 +38,7 @@ def _render(heartbeat: str | None = "https://hb.example/x") -> Rendered:
         healthy_percent=1.0,
         pagerduty_routing_key="k",
         scrape_namespaces=["likes", "likes-data"],
+        receivers=obs.AlertReceivers("https://t.example.com/hook", heartbeat),
     )
     return Rendered(
         prometheus=obs.prometheus_config(args, AM_IN_CLUSTER),
@@ -48,7 +49,7 @@ def _render(heartbeat: str | None = "https://hb.example/x") -> Rendered:
         pods=[
             Pod(
                 "likes",
-                {obs.NAME_LABEL: "write-svc", "app.kubernetes.io/part-of": "likes"},
+                {obs.NAME_LABEL: "write", "app.kubernetes.io/part-of": "likes"},
                 SCRAPED,
             ),
             Pod("likes", {obs.NAME_LABEL: "aggregator"}, {**SCRAPED, "prometheus.io/port": "9100"}),
@@ -75,8 +76,8 @@ def test_file_sd_targets_carry_the_labels_kubernetes_sd_would_attach() -> None:
     write = by_target["127.0.0.1:8100"]
     assert write == {
         "__meta_kubernetes_namespace": "likes",
-        "__meta_kubernetes_pod_name": "write-svc-local-0",
-        "__meta_kubernetes_pod_label_app_kubernetes_io_name": "write-svc",
+        "__meta_kubernetes_pod_name": "write-local-0",
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": "write",
         "__meta_kubernetes_pod_labelpresent_app_kubernetes_io_name": "true",
         "__meta_kubernetes_pod_label_app_kubernetes_io_part_of": "likes",
         "__meta_kubernetes_pod_labelpresent_app_kubernetes_io_part_of": "true",

@@ -57,7 +57,7 @@ def lay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> layout.Layout:
 def stack(lay: layout.Layout, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Scripted]]:
     """`likes local` on a stack of the Scripted components a test appends (stopped after)."""
     comps: list[Scripted] = []
-    monkeypatch.setattr(cli, "_supervisor", lambda *_: supervisor.Supervisor(lay, comps))
+    monkeypatch.setattr(cli, "_supervisor", lambda *_, **__: supervisor.Supervisor(lay, comps))
     yield comps
     supervisor.Supervisor(lay, comps).down(lambda *_: None)
 
