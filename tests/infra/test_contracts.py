@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import jsonschema
 import kopf
 import pytest
+import yaml
 from cassandra.connection import DefaultEndPoint
 from cassandra.policies import SimpleConvictionPolicy
 from cassandra.pool import Host
@@ -42,7 +43,7 @@ from pydantic import ValidationError
 from redis.cluster import RedisCluster
 from starlette.routing import Match
 
-from infra import config, envoy_config, plan
+from infra import alert_rules, config, envoy_config, observability, plan
 from infra import services as infra_services
 from operators.hotkeys import handlers
 from operators.hotkeys.policy import InvalidPolicy, Policy
@@ -548,3 +549,70 @@ def test_redis_clients_get_the_password_from_the_redis_auth_secret(
             "containers"
         ][0]["command"]
         assert "--requirepass" in cmd, role
+
+
+# -- metrics: what the rules select is what the code emits (C5, O2) -----------------------------
+# every module that defines a metric our workloads export (importing registers them)
+METRIC_MODULES = (
+    "services.common.http",
+    "services.common.worker_http",
+    "services.read.metrics",
+    "services.read.hotkeys",
+    "services.aggregator.metrics",
+    "services.hotkey_sampler.main",
+    "operators.hotkeys.local_loop",
+)
+SELECTOR = re.compile(r"\b(likes_[a-z0-9_]+)\{([^}]*)\}|\{__name__=~\"(likes_[^\"]+)\"")
+MATCHER = re.compile(r"([a-zA-Z_]+)\s*(=~|!=|!~|=)\s*\"([^\"]*)\"")
+
+
+def code_metrics() -> dict[str, tuple[str, ...]]:
+    """Sample name -> label names, for every likes_* metric the code defines."""
+    for m in METRIC_MODULES:
+        importlib.import_module(m)
+    from prometheus_client import REGISTRY
+
+    out: dict[str, tuple[str, ...]] = {}
+    for name, collector in REGISTRY._names_to_collectors.items():
+        if name.startswith("likes_"):
+            out[name] = tuple(getattr(collector, "_labelnames", ()))
+    return out
+
+
+def rule_expressions(p: plan.Plan) -> list[str]:
+    data = named(p, "ConfigMap", observability.RULES_CONFIG_MAP).inputs["data"]
+    exprs = []
+    for text in data.values():
+        for group in yaml.safe_load(text)["groups"]:
+            exprs += [r["expr"] for r in group["rules"]]
+    return exprs
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_metric_and_label_the_rules_select_is_emitted_by_the_code(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    emitted = code_metrics()
+    http_workloads = {w.name for w in workloads.ALL if w.kind == "http"}
+    seen = 0
+    for expr in rule_expressions(plans[stack]):
+        for name, matchers, name_regex in SELECTOR.findall(expr):
+            seen += 1
+            if name_regex:  # {__name__=~"likes_.+_x"}: at least one metric of ours matches
+                assert any(re.fullmatch(name_regex, n) for n in emitted), name_regex
+                continue
+            assert name in emitted, f"the rules read {name}, which no code emits"
+            for label, _op, value in MATCHER.findall(matchers):
+                if label == "le":  # a histogram bucket's own label
+                    continue
+                assert label in emitted[name], f"{name} has no label {label!r}"
+                if label == alert_rules.SERVICE_LABEL:
+                    assert value in http_workloads, f"{name}: no workload is called {value!r}"
+    assert seen > 10  # the parse found the selectors (an empty parse would pass vacuously)
+
+
+def test_the_metric_check_can_fail() -> None:
+    emitted = code_metrics()
+    assert "likes_http_requests_total" in emitted
+    assert "svc" not in emitted["likes_http_requests_total"]  # the label a relabel once wrote
+    assert "likes_read_requests_total" not in emitted
