@@ -20,8 +20,11 @@ from pydantic import ValidationError
 from local import issuer, rendered
 from local.components import kafka
 from local.layout import HOST, Layout
-from services.contracts import workloads
+from services.contracts import topics, workloads
 from services.contracts.settings import UnknownVariable
+
+LOCAL_PARTITIONS = 6
+KAFKA_TOPIC = "kubernetes:kafka.strimzi.io/v1:KafkaTopic"
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,13 @@ TRANSFORMS: tuple[Transform, ...] = (
         "no Kubernetes API here; the Kopf wiring is tested against kmock",
     ),
     Transform("replicas", "replicas", "replicas and HPA bounds -> 1 process", "one machine"),
+    Transform(
+        "partitions",
+        "KafkaTopic",
+        f"each rendered topic is created with its name and config, partitions scaled down to at "
+        f"most {LOCAL_PARTITIONS}, replicas and min.insync.replicas capped by the local brokers",
+        "a 2-core machine; one broker in the quick profile",
+    ),
 )
 
 SECRETS_FILE = "secrets.json"
@@ -317,3 +327,21 @@ def sign_token(layout: Layout, user_id: str, ttl_s: int = 3600) -> str:
     """A token from the stack's local identity provider, valid for the stack's services."""
     iss, aud = token_claims(layout)
     return issuer.sign(layout.home, user_id, ttl_s, iss, aud)
+
+
+def topic_specs(layout: Layout, stack: str) -> list[topics.TopicSpec]:
+    """The topics the program declares, as the local Kafka plays them (the `partitions`
+    transform): same names and config, fewer partitions, replication within the local brokers."""
+    rf = min(3, layout.kafka_brokers)
+    out = []
+    for r in rendered.render(stack).of_type(KAFKA_TOPIC):
+        spec = r["inputs"]["spec"]
+        config = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                  for k, v in spec.get("config", {}).items()}  # fmt: skip
+        if "min.insync.replicas" in config:
+            config["min.insync.replicas"] = str(min(int(config["min.insync.replicas"]), rf))
+        name = r["inputs"]["metadata"]["name"]
+        out.append(topics.TopicSpec(name, min(int(spec["partitions"]), LOCAL_PARTITIONS), config))
+    if not out:
+        raise rendered.RenderError(f"stack {stack} declares no KafkaTopic")
+    return out

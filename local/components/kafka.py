@@ -270,7 +270,9 @@ class Kafka(Component):
                 raise ProbeFailed(f"brokers {sorted(md.brokers)} of {sorted(want)} registered")
 
         wait_until(all_brokers, timeout=60.0, interval=0.5)
-        # the event spine's topics, with the settings the services rely on
+        # the event spine's topics as the program declares them (local/transforms.py scales
+        # their partitions down)
+        from local import transforms
         from services.contracts import topics
 
-        topics.ensure(servers, self.count, topics.local_specs())
+        topics.ensure(servers, self.count, transforms.topic_specs(self.layout, self.layout.stack))

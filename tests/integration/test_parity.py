@@ -80,3 +80,23 @@ def test_status_lists_the_rendered_probe_as_health(stack: Stack) -> None:
     status = stack.status()
     for w in workloads.ALL:
         assert status[w.name]["healthy"] is True, (w.name, status[w.name])
+
+
+def test_the_topics_are_the_rendered_ones_scaled_down(stack: Stack) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    meta = admin.list_topics(timeout=10).topics
+    rendered_topics = rendered.render(stack.layout.stack).of_type(transforms.KAFKA_TOPIC)
+    assert rendered_topics
+    for r in rendered_topics:
+        name, spec = r["inputs"]["metadata"]["name"], r["inputs"]["spec"]
+        assert name in meta, f"the program declares {name}; the local Kafka lacks it"
+        assert len(meta[name].partitions) == min(spec["partitions"], transforms.LOCAL_PARTITIONS)
+        (fut,) = admin.describe_configs([ConfigResource("topic", name)]).values()
+        running = {k: v.value for k, v in fut.result(10).items()}
+        for key, value in spec["config"].items():
+            want = str(value).lower() if isinstance(value, bool) else str(value)
+            if key == "min.insync.replicas":
+                want = str(min(int(want), stack.layout.kafka_brokers))
+            assert running[key] == want, f"{name}: {key} runs as {running[key]}, rendered {want}"

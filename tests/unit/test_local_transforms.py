@@ -82,3 +82,29 @@ def test_secrets_are_created_once_and_kept(lay: layout.Layout) -> None:
     assert transforms.stack_secrets(lay) == first
     path = lay.home / "secrets" / transforms.SECRETS_FILE
     assert path.stat().st_mode & 0o077 == 0  # readable by its owner only
+
+
+def test_up_stops_on_a_disagreement_naming_workload_and_field(
+    staging: rendered.Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`likes local up` refuses a render whose aggregator sets a variable its code does not read,
+    before starting anything, and says which workload and which variable."""
+    import copy
+
+    from typer.testing import CliRunner
+
+    from local import cli
+
+    resources = copy.deepcopy(staging.resources)
+    for r in resources:
+        meta = r["inputs"].get("metadata", {})
+        if r["type"] == rendered.DEPLOYMENT and meta.get("name") == workloads.AGGREGATOR.name:
+            (container,) = r["inputs"]["spec"]["template"]["spec"]["containers"]
+            container["env"].append({"name": "LIKES_KAFKA_BOOTSTRAPS", "value": "kafka:9092"})
+    monkeypatch.setattr(rendered, "render", lambda stack: rendered.Rendered(stack, resources))
+    monkeypatch.setenv("LIKES_HOME", str(tmp_path))
+    result = CliRunner().invoke(cli.app, ["up"])
+    assert result.exit_code == 1
+    out = " ".join(result.output.split())
+    assert "workload aggregator" in out and "LIKES_KAFKA_BOOTSTRAPS" in out, out
+    assert not (tmp_path / "state.json").exists()  # nothing was started
