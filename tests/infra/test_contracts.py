@@ -16,6 +16,7 @@ that resource configures, and fails when the two disagree:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -616,3 +617,23 @@ def test_the_metric_check_can_fail() -> None:
     assert "likes_http_requests_total" in emitted
     assert "svc" not in emitted["likes_http_requests_total"]  # the label a relabel once wrote
     assert "likes_read_requests_total" not in emitted
+
+
+# -- every Deployment that runs our image runs a module that exists (review H6) ------------------
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_deployment_of_our_image_is_a_workload_whose_module_exists(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    image = plans[stack].find("kubernetes:apps/v1:Deployment", workloads.WRITE.name)
+    ours = image.inputs["spec"]["template"]["spec"]["containers"][0]["image"]
+    found = set()
+    for d in plans[stack].of_type("kubernetes:apps/v1:Deployment"):
+        (c, *_) = d.inputs["spec"]["template"]["spec"]["containers"]
+        if c["image"] != ours:
+            continue
+        name = d.inputs["metadata"]["name"]
+        assert name in workloads.BY_NAME, f"{stack} deploys {name}, which no workload defines"
+        module = workloads.BY_NAME[name].module
+        assert importlib.util.find_spec(module) is not None, f"{name} runs missing {module}"
+        found.add(name)
+    assert found == {w.name for w in workloads.SERVICES}
