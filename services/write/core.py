@@ -94,9 +94,11 @@ class Statements:
             "INSERT INTO outbox_pending (bucket, shard, created_at, event_id, user_id) "
             "VALUES (?, ?, ?, ?, ?)"
         )
+        # the intent row remembers which post and which state its key asked for: a key reused
+        # for another request is refused instead of answered with the first one's outcome
         self.intent = p(
-            "INSERT INTO edges (user_id, kind, ref, state, intent_uuid, updated_at) "
-            "VALUES (?, 'intent', ?, ?, ?, ?) IF NOT EXISTS USING TTL 86400"
+            "INSERT INTO edges (user_id, kind, ref, state, intent_uuid, updated_at, post_id) "
+            "VALUES (?, 'intent', ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL 86400"
         )
         # like: from no edge or 'unliked'; unlike: only from 'liked' (an unlike of nothing is a
         # no-op, never a -1)
@@ -246,7 +248,10 @@ class LikeWriter:
                 serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
             )
             batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-            batch.add(self.q.intent, (it.user_id, it.intent_uuid, it.target_state, intent_id, now))
+            batch.add(
+                self.q.intent,
+                (it.user_id, it.intent_uuid, it.target_state, intent_id, now, it.post_id),
+            )
             transition = self.q.to_liked if it.action == "like" else self.q.to_unliked
             batch.add(transition, (it.reaction, now, intent_id, it.user_id, it.post_id))
             batch.add(
@@ -305,19 +310,32 @@ class LikeWriter:
         # a failed LWT returns the current rows it checked (none when a row does not exist)
         by_kind = {getattr(r, "kind", None): r for r in rows}
         if "intent" in by_kind:  # a replay: answer what the intent produced
+            self._same_request(it, by_kind["intent"])
             return Outcome(it.intent_uuid, by_kind["intent"].state, False, replayed=True)
         # a no-op; record the intent so a late retry of it cannot apply after a later change
         try:
             res = self.session.execute(
                 self.q.intent,
-                (it.user_id, it.intent_uuid, it.target_state, uuid.UUID(it.intent_uuid), now),
-            ).one()
+                (
+                    it.user_id, it.intent_uuid, it.target_state, uuid.UUID(it.intent_uuid),
+                    now, it.post_id,
+                ),
+            ).one()  # fmt: skip
         except CASSANDRA_ERRORS as e:
             raise Unavailable("edge-store", str(e)) from e
         if res is not None and not res.applied and res.state:
+            self._same_request(it, res)
             return Outcome(it.intent_uuid, res.state, False, replayed=True)
         state = getattr(by_kind.get("edge"), "state", None) or "unliked"
         return Outcome(it.intent_uuid, state, False)
+
+    @staticmethod
+    def _same_request(it: Intent, intent_row: Any) -> None:
+        """A replay must be the same request: the key's intent row names its post and the state
+        it asked for (rows written before they did carry no post: taken as the same request)."""
+        post = getattr(intent_row, "post_id", None)
+        if (post is not None and post != it.post_id) or intent_row.state != it.target_state:
+            raise KeyReused(it.intent_uuid)
 
     def _after_publish(
         self, fut: Future[None], user_id: str, event_id: str, bucket: int, oshard: int,

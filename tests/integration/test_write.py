@@ -232,3 +232,32 @@ def test_bad_input_gets_a_clear_4xx_and_writes_nothing(
     assert r.json()["error"]["code"] == code
     assert edge_state(cql, user, post) is None
     assert outbox_rows(cql, user) == []
+
+
+def test_a_key_reused_for_another_post_is_refused_never_a_202_that_writes_nothing(
+    app_client: TestClient, stack: Stack, cql: Session
+) -> None:
+    """Issue: the same Idempotency-Key for post A then post B answered 202 twice; B was never
+    liked (invariant 1: a 202 means the like exists). Now the reuse is a 409 — also once the
+    idem key is gone (expired, or its SET failed), through the key's intent row."""
+    user, a, b, key = (
+        f"u-{uuid.uuid4()}",
+        f"p-{uuid.uuid4()}",
+        f"p-{uuid.uuid4()}",
+        str(uuid.uuid4()),
+    )
+    assert post_like(app_client, stack, user, a, key=key)[0] == 202
+    s, body, _ = post_like(app_client, stack, user, b, key=key)
+    assert s == 409 and body["error"]["code"] == "idempotency_key_reused", body
+    assert edge_state(cql, user, b) is None
+    # the idem-store forgot the key: the intent row still knows it was A's
+    clients.idem_store(stack.settings()).delete(keys.idem_key(user, a, key))
+    s, body, _ = post_like(app_client, stack, user, b, key=key)
+    assert s == 409 and body["error"]["code"] == "idempotency_key_reused", body
+    # the same key for the other action on A is another request too
+    s, body, _ = post_like(app_client, stack, user, a, "unlike", key=key)
+    assert s == 409, body
+    # and the true replay of A still answers A's outcome, changing nothing
+    s, body, _ = post_like(app_client, stack, user, a, key=key)
+    assert s == 202 and body["state"] == "liked" and body["changed"] is False, body
+    assert edge_state(cql, user, a) == "liked" and edge_state(cql, user, b) is None
