@@ -156,6 +156,7 @@ class GatewayConfig(_Model):
     max_replicas: Count
     per_user_writes_per_min: Count = 100
     per_ip_writes_per_min: Count = 1000
+    per_ip_batch_reads_per_min: Count = 600  # feed pages: a batch read fans out to 50 posts
     mirror_percent: Annotated[float, Field(gt=0, le=100)] = 1.0
     jwt_issuer: str
     jwks_uri: Annotated[str, Field(pattern=r"^https://")]

@@ -156,6 +156,9 @@ MIRROR_RUNTIME_KEY = "likes.reads.mirror_to_sampler"
 # (route=likes_write, remote_address=<client ip>); the ratelimit service config mirrors them.
 ROUTE_DESCRIPTOR_KEY = "route"
 WRITE_DESCRIPTOR_VALUE = "likes_write"
+# the batch read is a POST, so the CDN cannot cache it: each one fans out to 50 posts at the
+# origin; it is limited per client address like the writes (route=likes_batch_read, address)
+BATCH_DESCRIPTOR_VALUE = "likes_batch_read"
 USER_DESCRIPTOR_KEY = "user_id"
 IP_DESCRIPTOR_KEY = "remote_address"  # fixed by Envoy for the remote_address action
 
@@ -335,8 +338,22 @@ def _write_rate_limits(params: EnvoyParams) -> list[RateLimit]:
     return [RateLimit(actions=[route_key, per_user]), RateLimit(actions=[route_key, per_ip])]
 
 
-def _read_action(params: EnvoyParams) -> RouteAction:
+def _batch_rate_limits() -> list[RateLimit]:
+    route_key = RateLimitAction(
+        generic_key=RateLimitActionGenericKey(
+            descriptor_key=ROUTE_DESCRIPTOR_KEY, descriptor_value=BATCH_DESCRIPTOR_VALUE
+        )
+    )
+    return [
+        RateLimit(
+            actions=[route_key, RateLimitAction(remote_address=RateLimitActionRemoteAddress())]
+        )
+    ]
+
+
+def _read_action(params: EnvoyParams, rate_limits: list[RateLimit] | None = None) -> RouteAction:
     return RouteAction(
+        rate_limits=rate_limits or [],
         cluster=READ_CLUSTER,
         timeout=_seconds(params.read_timeout_s),
         # reads are safe to retry; the read service answers stale rather than 5xx anyway
@@ -375,7 +392,7 @@ def _routes(params: EnvoyParams) -> RouteConfiguration:
         name="post_likes_batch_read",
         # a read although a POST (the ids are a body); mirrored like the single read
         match=RouteMatch(path=BATCH_READ_PATH, headers=[_method("POST")]),
-        route=_read_action(params),
+        route=_read_action(params, _batch_rate_limits()),
     )
     wrong_method = Route(
         name="likes_method_not_allowed",
@@ -592,11 +609,15 @@ def build_bootstrap(params: EnvoyParams) -> dict[str, JsonAny]:
 
 
 def ratelimit_service_config(
-    domain: str, per_user_per_min: int = 100, per_ip_per_min: int = 1000
+    domain: str,
+    per_user_per_min: int = 100,
+    per_ip_per_min: int = 1000,
+    per_ip_batch_reads_per_min: int = 600,
 ) -> dict[str, JsonAny]:
     """envoyproxy/ratelimit's config: the seed's per-user and per-IP write limits, nested under the
-    write route's generic key exactly as `_write_rate_limits` sends them."""
-    if per_user_per_min <= 0 or per_ip_per_min <= 0:
+    write route's generic key exactly as `_write_rate_limits` sends them, and the per-IP limit of
+    the batch read under its own key (`_batch_rate_limits`)."""
+    if min(per_user_per_min, per_ip_per_min, per_ip_batch_reads_per_min) <= 0:
         raise ValueError("rate limits must be positive")
 
     def limit(key: str, per_minute: int) -> dict[str, JsonAny]:
@@ -612,6 +633,11 @@ def ratelimit_service_config(
                     limit(USER_DESCRIPTOR_KEY, per_user_per_min),
                     limit(IP_DESCRIPTOR_KEY, per_ip_per_min),
                 ],
-            }
+            },
+            {
+                "key": ROUTE_DESCRIPTOR_KEY,
+                "value": BATCH_DESCRIPTOR_VALUE,
+                "descriptors": [limit(IP_DESCRIPTOR_KEY, per_ip_batch_reads_per_min)],
+            },
         ],
     }

@@ -70,6 +70,7 @@ class GatewayArgs:
     max_replicas: int
     per_user_writes_per_min: int
     per_ip_writes_per_min: int
+    per_ip_batch_reads_per_min: int
     mirror_percent: float
     jwt_issuer: str
     jwks_uri: str
@@ -114,7 +115,10 @@ class Gateway(pulumi.ComponentResource):
         bootstrap = json.dumps(envoy_config.build_bootstrap(envoy_params(args, ns)), indent=1)
         ratelimit_yaml = yaml.safe_dump(
             envoy_config.ratelimit_service_config(
-                RATELIMIT_DOMAIN, args.per_user_writes_per_min, args.per_ip_writes_per_min
+                RATELIMIT_DOMAIN,
+                args.per_user_writes_per_min,
+                args.per_ip_writes_per_min,
+                args.per_ip_batch_reads_per_min,
             ),
             sort_keys=False,
         )

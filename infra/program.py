@@ -221,6 +221,7 @@ def main() -> None:
             max_replicas=g.max_replicas,
             per_user_writes_per_min=g.per_user_writes_per_min,
             per_ip_writes_per_min=g.per_ip_writes_per_min,
+            per_ip_batch_reads_per_min=g.per_ip_batch_reads_per_min,
             mirror_percent=g.mirror_percent,
             jwt_issuer=g.jwt_issuer,
             jwks_uri=g.jwks_uri,

@@ -6,13 +6,16 @@ address the stack's identity-provider URL maps to, and only it can sign tokens t
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import jwt
 
+from services.contracts import keys
 from services.contracts.settings import Settings
 
 ALGORITHMS = ["RS256", "ES256"]  # asymmetric only: an HS256 token is refused whatever its key
+_USER_ID = re.compile(keys.USER_ID_PATTERN)
 
 
 class AuthUnavailable(Exception):
@@ -58,4 +61,7 @@ def verify(settings: Settings, authorization: str | None) -> str:
     sub = claims.get("sub")
     if not isinstance(sub, str) or not sub:
         raise AuthError("invalid_token", "the token has no subject")
+    if not _USER_ID.fullmatch(sub):
+        # the subject becomes part of Redis keys and hash tags: refuse what could break them
+        raise AuthError("invalid_subject", f"the token's subject must match {keys.USER_ID_PATTERN}")
     return sub

@@ -17,6 +17,9 @@ SPLIT_FACTOR = 8  # sub-keys post_id:0..7 of a split (hot) post
 # What a post id may be, for every API: ':' is reserved for the sub-keys of split posts
 # (post_id:n) and braces would break the Redis hash tags above.
 POST_ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
+# What a user id (a token's `sub`) may be before it goes into a key: identity providers use
+# printable ids ('auth0|abc', emails, UUIDs); braces would break the hash tag of bloom:{user}.
+USER_ID_PATTERN = r"^[A-Za-z0-9_.@|:+\-]{1,128}$"
 
 
 def count_key(post_id: str) -> str:

@@ -16,6 +16,7 @@ from services.read.heat import HOT_TTL_S, HeatSource
 from services.read.metrics import DEGRADED
 
 router = APIRouter(prefix=routes.API_PREFIX, tags=["likes"])
+MAX_BODY_BYTES = 16384  # a batch of 50 ids of at most 128 characters, with room for JSON
 
 POST_ID = keys.POST_ID_PATTERN
 MAX_BATCH = 50

@@ -128,6 +128,7 @@ def create_app(
         return {"reader": hasattr(app.state, "reader")}
 
     app.add_middleware(NeverFail)  # before install(): inside the RED middleware, which sees 200
+    app.add_middleware(http.BodyLimit, max_bytes=api.MAX_BODY_BYTES)  # the batch read's body
     http.install(app, workloads.READ.name, ready)
     app.include_router(api.router)
     return app

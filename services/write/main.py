@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
 
 from services.common import http, observability
 from services.contracts import clients, workloads
@@ -44,17 +43,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="likes write", version="1", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > api.MAX_BODY_BYTES:
-            return JSONResponse(
-                http.error_body("body_too_large", f"the body exceeds {api.MAX_BODY_BYTES} bytes"),
-                status_code=413,
-            )
-        return await call_next(request)
+    # bounded even when chunked: a body is read into memory before it is validated
+    app.add_middleware(http.BodyLimit, max_bytes=api.MAX_BODY_BYTES)
 
     async def ready() -> dict[str, bool]:
         writer: core.LikeWriter = app.state.writer

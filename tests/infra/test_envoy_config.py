@@ -242,13 +242,14 @@ def test_ratelimit_service_holds_the_seed_numbers() -> None:
     config = ratelimit_service_config("likes-prod-us")
     assert config["domain"] == "likes-prod-us"
     limits = {
-        leaf["key"]: leaf["rate_limit"]
+        (top["value"], leaf["key"]): leaf["rate_limit"]
         for top in config["descriptors"]
         for leaf in top["descriptors"]
     }
     assert limits == {
-        "user_id": {"unit": "minute", "requests_per_unit": 100},
-        "remote_address": {"unit": "minute", "requests_per_unit": 1000},
+        ("likes_write", "user_id"): {"unit": "minute", "requests_per_unit": 100},
+        ("likes_write", "remote_address"): {"unit": "minute", "requests_per_unit": 1000},
+        ("likes_batch_read", "remote_address"): {"unit": "minute", "requests_per_unit": 600},
     }
 
 
@@ -269,6 +270,15 @@ def test_write_route_descriptors_resolve_to_the_per_user_and_per_ip_limits(
 def test_reads_are_not_rate_limited_per_user(bootstrap: dict[str, Any]) -> None:
     route = _route_for(bootstrap, "GET", "/v1/posts/1/likes")
     assert route is not None and route["route"].get("rateLimits", []) == []
+
+
+def test_the_batch_read_is_limited_per_client_address(bootstrap: dict[str, Any]) -> None:
+    # a POST the CDN cannot cache that fans out to 50 posts: unlimited, it amplified at the origin
+    route = _route_for(bootstrap, "POST", "/v1/posts/likes:batch")
+    assert route is not None
+    sent = _descriptors(route, {"x-user-id": "user-42"}, "203.0.113.7")
+    config = ratelimit_service_config(PARAMS.ratelimit_domain)
+    assert [_limit(config, d) for d in sent] == [{"unit": "minute", "requests_per_unit": 600}]
 
 
 def test_ratelimit_filter_is_wired_to_an_http2_cluster(bootstrap: dict[str, Any]) -> None:

@@ -181,9 +181,16 @@ def test_ratelimit_limits_are_the_seed_numbers(gw: gateway.Gateway) -> None:
     import yaml
 
     config = yaml.safe_load(gw.render.config_map(program.RATELIMIT_CONFIG_MAP)["config.yaml"])
-    (write,) = config["descriptors"]
-    limits = {d["key"]: d["rate_limit"]["requests_per_unit"] for d in write["descriptors"]}
-    assert limits == {"user_id": 100, "remote_address": 1000}
+    limits = {
+        (top["value"], d["key"]): d["rate_limit"]["requests_per_unit"]
+        for top in config["descriptors"]
+        for d in top["descriptors"]
+    }
+    assert limits == {
+        ("likes_write", "user_id"): 100,
+        ("likes_write", "remote_address"): 1000,
+        ("likes_batch_read", "remote_address"): 600,
+    }
 
 
 # --- one version each -----------------------------------------------------------------------------

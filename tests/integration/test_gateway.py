@@ -146,6 +146,9 @@ def test_ratelimit_service_loaded_the_rendered_limits(edge: Edge) -> None:
     loaded = gateway.Ratelimit(edge.layout).loaded_config()
     assert "likes.route_likes_write.user_id: unit=MINUTE requests_per_unit=100" in loaded
     assert "likes.route_likes_write.remote_address: unit=MINUTE requests_per_unit=1000" in loaded
+    assert (
+        "likes.route_likes_batch_read.remote_address: unit=MINUTE requests_per_unit=600" in loaded
+    )
 
 
 # --- JWT at the edge ----------------------------------------------------------------------------
@@ -246,6 +249,32 @@ def test_the_per_ip_limit_keys_on_cf_connecting_ip(edge: Edge, client: httpx.Cli
         keys = [k.decode() for k in r.scan_iter("likes_route_likes_write_remote_address_*")]
     assert any(f"_{ip}_" in k for k in keys), keys
     assert not any("_127.0.0.1_" in k for k in keys), keys
+
+
+def test_batch_reads_are_limited_per_client_address(edge: Edge, client: httpx.Client) -> None:
+    """600 feed pages a minute per CF-Connecting-IP (the batch is a POST the CDN cannot cache
+    and fans out to 50 posts): the next one is 429, another address still reads."""
+    ip, other_ip = _ip(), _ip()
+    body = {"post_ids": [f"p-{i}" for i in range(50)]}
+    cluster = f"cluster.{envoy_config.READ_CLUSTER}.ratelimit.failure_mode_allowed"
+
+    def failed_open() -> int:
+        stats = httpx.get(f"{edge.gateway.admin_url}/stats?format=json", timeout=5).json()
+        return int(next((s["value"] for s in stats["stats"] if s.get("name") == cluster), 0))
+
+    def page(address: str) -> httpx.Response:
+        return client.post(
+            routes.BATCH_READ_PATH, json=body, headers={routes.CLIENT_IP_HEADER: address}
+        )
+
+    _fresh_window(needed_s=40)
+    before = failed_open()
+    codes: list[int] = []
+    while not _is_rate_limited(r := page(ip)):
+        codes.append(r.status_code)
+        assert len(codes) <= 600 + failed_open() - before, {c: codes.count(c) for c in set(codes)}
+    assert len(codes) >= 600  # not before the budget was spent
+    assert not _is_rate_limited(page(other_ip))
 
 
 # --- the mirror ---------------------------------------------------------------------------------

@@ -202,6 +202,14 @@ def test_a_valid_rs256_token_gives_its_subject(issuer: Issuer) -> None:
     )
 
 
+def test_a_subject_that_could_break_a_redis_key_is_refused(issuer: Issuer) -> None:
+    # the review's case: `}` in sub broke the bloom:{user} hash tag and every Lua call CROSSSLOT
+    for sub in ("mallory}x", "{evil}", "a" * 129, "two words", "nul\x00"):
+        assert code_of(issuer.settings(), issuer.sign(issuer.claims(sub))) == "invalid_subject"
+    for sub in ("auth0|64f1c2", "alice@example.com", "user-42", str(uuid.uuid4())):
+        assert auth.verify(issuer.settings(), f"Bearer {issuer.sign(issuer.claims(sub))}") == sub
+
+
 def test_malformed_headers_are_refused_before_any_key_lookup(issuer: Issuer) -> None:
     s = issuer.settings()
     for header, code in [
