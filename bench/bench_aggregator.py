@@ -28,6 +28,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client import REGISTRY
 
 from local import layout
+from local.components import redis
 from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import clients, events, keys, topics
@@ -50,6 +51,7 @@ def settings_for(lay: layout.Layout, prefix: str) -> AggregatorSettings:
         agg_group_id=f"{prefix}aggregator",
         agg_dedup_capacity=100_000,
         log_level="WARNING",
+        redis_password=redis.password(lay),
     )  # fmt: skip
 
 

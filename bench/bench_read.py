@@ -47,6 +47,7 @@ def baseline_app() -> Any:
     settings = Settings()
     rc = RedisCluster(
         startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+        password=settings.redis_auth,
         socket_timeout=0.25,
         socket_connect_timeout=0.25,
     )
@@ -255,6 +256,7 @@ def main() -> None:
     # warm counts: the aggregate the service reads, and a plain key the baseline GETs
     rc = RedisCluster(
         startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
+        password=settings.redis_auth,
         decode_responses=True,
     )
     run = uuid.uuid4().hex[:8]

@@ -95,6 +95,7 @@ TRANSFORMS: tuple[Transform, ...] = (
 SECRETS_FILE = "secrets.json"
 CLOUDFLARE_SINK = "cloudflare"  # the sink's receiver name for Cloudflare API calls
 # the secrets the program references, and how a first start makes a local value for each
+REDIS_AUTH = "redis-auth/password"
 _SECRET_MAKERS = {
     ("redis-auth", "password"): lambda: secrets.token_urlsafe(24),
     ("cdn-purge", "token"): lambda: secrets.token_urlsafe(24),

@@ -118,6 +118,11 @@ class Stack:
         return transforms.sign_token(self.layout, user_id, ttl_s)
 
     @property
+    def redis_password(self) -> str:
+        """Every local Redis requires it (the program's redis-auth secret, as played here)."""
+        return transforms.stack_secrets(self.layout)[transforms.REDIS_AUTH]
+
+    @property
     def gateway_url(self) -> str:
         """The API as clients reach it: the rendered Envoy."""
         return f"http://{layout.HOST}:{self.layout.ports.gateway}"

@@ -501,7 +501,7 @@ class RatelimitRedis(_Rendered):
                 name=RATELIMIT_REDIS,
                 argv=argv,
                 address=f"{HOST}:{port}",
-                probe=lambda: ping_probe(port),  # the rendered probe: `redis-cli ping`
+                probe=lambda: ping_probe(self.layout, port),  # the rendered `redis-cli ping`
                 start_timeout=30,
                 stop_timeout=10,
             )

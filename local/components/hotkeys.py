@@ -3,8 +3,10 @@ The sampler and the operator's reconcile loop are rendered workloads (components
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from local.components.base import Component, Server
-from local.components.redis import ping_probe, redis_server_bin
+from local.components.redis import auth_lines, ping_probe, redis_server_bin
 from local.layout import HOST, Layout
 
 HOT_POOLS = 4
@@ -17,27 +19,36 @@ def hot_pool_ports(layout: Layout) -> list[int]:
 class HotPools(Component):
     name = "hot-pools"
 
+    def conf(self, port: int) -> Path:
+        return self.layout.conf / f"hot-pool-{port}.conf"
+
     def servers(self) -> list[Server]:
-        # replicas only: no persistence, bounded memory, evict what has a TTL (all of it)
         return [
             Server(
                 name=f"hot-pool-{i + 1}",
-                argv=[
-                    redis_server_bin(), "--bind", HOST, "--port", str(port),
-                    "--protected-mode", "no", "--save", "", "--appendonly", "no",
-                    "--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru",
-                    "--dir", str(self.layout.data),
-                ],
+                argv=[redis_server_bin(), str(self.conf(port))],
                 address=f"{HOST}:{port}",
-                probe=lambda port=port: ping_probe(port),  # type: ignore[misc]
+                probe=lambda port=port: ping_probe(self.layout, port),  # type: ignore[misc]
                 start_timeout=30,
                 stop_timeout=10,
             )
             for i, port in enumerate(hot_pool_ports(self.layout))
-        ]  # fmt: skip
+        ]
 
     def prepare(self) -> None:
         self.layout.ensure()
+        for port in hot_pool_ports(self.layout):
+            # replicas only: no persistence, bounded memory, evict what has a TTL (all of it);
+            # a file, so the password is never in argv
+            lines = [
+                f"bind {HOST}", f"port {port}", "protected-mode no", 'save ""',
+                "appendonly no", "maxmemory 64mb", "maxmemory-policy volatile-lru",
+                f"dir {self.layout.data}", *auth_lines(self.layout), "",
+            ]  # fmt: skip
+            path = self.conf(port)
+            path.touch(mode=0o600)
+            path.chmod(0o600)
+            path.write_text("\n".join(lines))
 
 
 def build(layout: Layout) -> list[Component]:

@@ -7,13 +7,15 @@ over to its replica within a few seconds on a laptop (production keeps Redis's d
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from typing import Any
 
 import redis
 
 from local.components.base import Component, ProbeFailed, Server, wait_until
-from local.layout import HOST
+from local.layout import HOST, Layout
 
 CLUSTER_NODE_TIMEOUT_MS = 2000
 
@@ -22,9 +24,27 @@ def redis_server_bin() -> str:
     return shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-def ping_probe(port: int) -> None:
+def password(layout: Layout) -> str:
+    """The stack's Redis password (the program's redis-auth secret, played by the stack's secret
+    file): every local Redis requires it, so every client of ours runs its AUTH code here."""
+    from local import transforms
+
+    return transforms.stack_secrets(layout)[transforms.REDIS_AUTH]
+
+
+def auth_lines(layout: Layout) -> list[str]:
+    """Config lines (a file, never argv): clients and replicas authenticate."""
+    pw = password(layout)
+    return [f"requirepass {pw}", f"masterauth {pw}"]
+
+
+def client(layout: Layout, port: int, **kw: Any) -> redis.Redis:
+    return redis.Redis(host=HOST, port=port, password=password(layout), **kw)
+
+
+def ping_probe(layout: Layout, port: int) -> None:
     try:
-        with redis.Redis(host=HOST, port=port, socket_timeout=1, socket_connect_timeout=1) as r:
+        with client(layout, port, socket_timeout=1, socket_connect_timeout=1) as r:
             r.ping()
     except redis.RedisError as e:
         raise ProbeFailed(f"redis {HOST}:{port}: {e}") from e
@@ -39,7 +59,7 @@ class CountCache(Component):
                 name=f"count-cache-{i + 1}",
                 argv=[redis_server_bin(), str(self.layout.conf / f"count-cache-{port}.conf")],
                 address=f"{HOST}:{port}",
-                probe=lambda port=port: ping_probe(port),  # type: ignore[misc]
+                probe=lambda port=port: ping_probe(self.layout, port),  # type: ignore[misc]
                 start_timeout=30,
                 stop_timeout=10,
             )
@@ -51,7 +71,10 @@ class CountCache(Component):
         for port in self.layout.ports.count_cache:
             d = self.layout.data / f"count-cache-{port}"
             d.mkdir(parents=True, exist_ok=True)
-            (self.layout.conf / f"count-cache-{port}.conf").write_text(
+            conf = self.layout.conf / f"count-cache-{port}.conf"
+            conf.touch(mode=0o600)  # it holds the password
+            conf.chmod(0o600)
+            conf.write_text(
                 "\n".join(
                     [
                         f"bind {HOST}",
@@ -70,6 +93,7 @@ class CountCache(Component):
                         # Bloom filters carry none and must not be: a lost filter is a wrong
                         # has_liked "no"
                         "maxmemory-policy volatile-lru",
+                        *auth_lines(self.layout),
                         "",
                     ]
                 )
@@ -81,14 +105,15 @@ class CountCache(Component):
             cmd = ["redis-cli", "--cluster", "create"]
             cmd += [f"{HOST}:{p}" for p in ports]
             cmd += ["--cluster-replicas", "1", "--cluster-yes"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            # redis-cli reads the password from REDISCLI_AUTH: never on a command line
+            env = {**os.environ, "REDISCLI_AUTH": password(self.layout)}
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
             if proc.returncode != 0:
                 raise ProbeFailed(f"redis-cli --cluster create failed:\n{proc.stdout}{proc.stderr}")
         wait_until(lambda: self._check_ok(ports), timeout=60, interval=0.5)
 
-    @staticmethod
-    def _info(port: int) -> dict[str, str]:
-        with redis.Redis(host=HOST, port=port, socket_timeout=2, decode_responses=True) as r:
+    def _info(self, port: int) -> dict[str, str]:
+        with client(self.layout, port, socket_timeout=2, decode_responses=True) as r:
             raw = r.execute_command("CLUSTER", "INFO")
         if isinstance(raw, dict):
             return {str(k): str(v) for k, v in raw.items()}
@@ -109,7 +134,7 @@ class CountCache(Component):
         # empty master and turns replica seconds later; until then a second failure would lose
         # its slots, so `up` is not done before this holds
         for p in ports:
-            with redis.Redis(host=HOST, port=p, socket_timeout=2, decode_responses=True) as r:
+            with client(self.layout, p, socket_timeout=2, decode_responses=True) as r:
                 role = r.info("replication")
             if role["role"] == "master" and int(role.get("connected_slaves", 0)) < 1:
                 raise ProbeFailed(f"count-cache node {p}: primary without a replica")
@@ -130,7 +155,7 @@ class IdemStore(Component):
                 name="idem-store",
                 argv=[redis_server_bin(), str(self.layout.conf / "idem-store.conf")],
                 address=f"{HOST}:{port}",
-                probe=lambda: ping_probe(port),
+                probe=lambda: ping_probe(self.layout, port),
                 start_timeout=30,
                 stop_timeout=10,
             )
@@ -141,7 +166,10 @@ class IdemStore(Component):
         port = self.layout.ports.idem_store
         d = self.layout.data / "idem-store"
         d.mkdir(parents=True, exist_ok=True)
-        (self.layout.conf / "idem-store.conf").write_text(
+        conf = self.layout.conf / "idem-store.conf"
+        conf.touch(mode=0o600)  # it holds the password
+        conf.chmod(0o600)
+        conf.write_text(
             "\n".join(
                 [
                     f"bind {HOST}",
@@ -158,6 +186,7 @@ class IdemStore(Component):
                     "appendonly yes",
                     "appendfsync everysec",
                     "maxmemory-policy noeviction",
+                    *auth_lines(self.layout),
                     "",
                 ]
             )
@@ -165,13 +194,13 @@ class IdemStore(Component):
 
     def bootstrap(self) -> None:
         port = self.layout.ports.idem_store
-        info = CountCache._info(port)
+        info = CountCache(self.layout)._info(port)
         if info.get("cluster_slots_assigned") != "16384":
-            with redis.Redis(host=HOST, port=port, socket_timeout=2) as r:
+            with client(self.layout, port, socket_timeout=2) as r:
                 r.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
 
         def ok() -> None:
-            state = CountCache._info(port).get("cluster_state")
+            state = CountCache(self.layout)._info(port).get("cluster_state")
             if state != "ok":
                 raise ProbeFailed(f"idem-store: cluster_state={state}")
 

@@ -242,11 +242,15 @@ def test_gateway_rate_limits_and_mirror_fraction(plans: dict[str, plan.Plan], st
         named(plans[stack], "ConfigMap", "ratelimit-config").inputs["data"]["config.yaml"]
     )
     limits = {
-        d["key"]: (d["rate_limit"]["requests_per_unit"], d["rate_limit"]["unit"])
+        (top["value"], d["key"]): (d["rate_limit"]["requests_per_unit"], d["rate_limit"]["unit"])
         for top in rl["descriptors"]
         for d in top["descriptors"]
     }
-    assert sorted(limits.values()) == [(100, "minute"), (1000, "minute")]
+    assert limits == {
+        ("likes_write", "user_id"): (100, "minute"),
+        ("likes_write", "remote_address"): (1000, "minute"),
+        ("likes_batch_read", "remote_address"): (600, "minute"),
+    }
     bootstrap = json.loads(named(plans[stack], "ConfigMap", "envoy").inputs["data"]["envoy.json"])
     mirrors = [m for found in _find(bootstrap, "requestMirrorPolicies") for m in found]  # type: ignore[attr-defined]
     assert mirrors, "reads are not mirrored to the hot-key sampler"

@@ -46,6 +46,7 @@ def stack_env(stack: Stack) -> dict[str, str]:
         "LIKES_CASSANDRA_PORT": str(stack.cassandra_port),
         "LIKES_COUNT_CACHE_NODES": ",".join(f"{h}:{p}" for h, p in stack.count_cache_nodes),
         "LIKES_REGION": "eu",
+        "LIKES_REDIS_PASSWORD": stack.redis_password,
     }
 
 
@@ -71,6 +72,7 @@ def base_settings(env: dict[str, str]) -> AggregatorSettings:
         cassandra_port=int(env["LIKES_CASSANDRA_PORT"]),
         count_cache_nodes=env["LIKES_COUNT_CACHE_NODES"],
         region=env["LIKES_REGION"],
+        redis_password=env["LIKES_REDIS_PASSWORD"],
     )
 
 

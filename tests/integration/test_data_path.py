@@ -117,7 +117,10 @@ def test_count_cache_primary_killed_reads_stay_200(stack: Stack, api: LikesClien
 
     from services.contracts import keys
 
-    rc = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in stack.count_cache_nodes])
+    rc = RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in stack.count_cache_nodes],
+        password=stack.redis_password,
+    )
     port = int(rc.get_node_from_key(keys.count_key(post)).port)
     rc.close()
     victim = f"count-cache-{stack.layout.ports.count_cache.index(port) + 1}"

@@ -21,7 +21,7 @@ FAILOVER_BOUND_S = CLUSTER_NODE_TIMEOUT_MS / 1000 * 10
 
 def test_killing_a_primary_fails_over_to_its_replica(stack: Stack) -> None:
     nodes = [ClusterNode(h, p) for h, p in stack.count_cache_nodes]
-    rc = RedisCluster(startup_nodes=nodes, decode_responses=True)
+    rc = RedisCluster(startup_nodes=nodes, password=stack.redis_password, decode_responses=True)
     key = f"count:{uuid.uuid4()}"
     rc.set(key, 1)
     victim = rc.get_node_from_key(key)
@@ -32,12 +32,19 @@ def test_killing_a_primary_fails_over_to_its_replica(stack: Stack) -> None:
     stack.cli("local", "stop", "--kill", victim_name)
     killed_at = time.monotonic()
     with pytest.raises(redis.ConnectionError):
-        redis.Redis(host=stack.host, port=victim_port, socket_connect_timeout=1).ping()
+        redis.Redis(
+            host=stack.host,
+            port=victim_port,
+            password=stack.redis_password,
+            socket_connect_timeout=1,
+        ).ping()
 
     recovered_after = None
     while time.monotonic() - killed_at < FAILOVER_BOUND_S:
         client = RedisCluster(
-            startup_nodes=[n for n in nodes if n.port != victim_port], decode_responses=True
+            startup_nodes=[n for n in nodes if n.port != victim_port],
+            password=stack.redis_password,
+            decode_responses=True,
         )
         try:
             client.set(key, 2)
@@ -57,5 +64,7 @@ def test_killing_a_primary_fails_over_to_its_replica(stack: Stack) -> None:
     # `up` restarts the killed node; it rejoins as a replica and the cluster is whole again
     status = stack.up()
     assert status[victim_name]["healthy"]
-    info = redis.Redis(host=stack.host, port=victim_port, decode_responses=True).info("replication")
+    info = redis.Redis(
+        host=stack.host, port=victim_port, password=stack.redis_password, decode_responses=True
+    ).info("replication")
     assert info["role"] == "slave"

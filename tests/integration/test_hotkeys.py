@@ -119,7 +119,13 @@ def loop(stack: Stack) -> Iterator[dict[str, Any]]:
 
 def pools(stack: Stack) -> list[redis.Redis]:
     return [
-        redis.Redis(host=stack.host, port=p, decode_responses=True, socket_timeout=1)
+        redis.Redis(
+            host=stack.host,
+            port=p,
+            password=stack.redis_password,
+            decode_responses=True,
+            socket_timeout=1,
+        )
         for p in hk_components.hot_pool_ports(stack.layout)
     ]
 
@@ -127,6 +133,7 @@ def pools(stack: Stack) -> list[redis.Redis]:
 def count_cache(stack: Stack) -> redis.RedisCluster:
     return redis.RedisCluster(
         startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in stack.count_cache_nodes],
+        password=stack.redis_password,
         decode_responses=True,
     )
 
@@ -290,7 +297,7 @@ def seed_hot_post(stack: Stack, post: str, source: int, copy: int, ports: list[i
     flag pointing readers there (as the operator would, but with a copy that differs)."""
     count_cache(stack).hset(keys.count_key(post), mapping={"count": source, "gen": 1})
     for port in ports:
-        r = redis.Redis(host=stack.host, port=port, socket_timeout=1)
+        r = redis.Redis(host=stack.host, port=port, password=stack.redis_password, socket_timeout=1)
         r.hset(keys.count_key(post), mapping={"count": copy, "gen": 1})
         r.expire(keys.count_key(post), 120)
     addresses = [f"{stack.host}:{p}" for p in ports]
@@ -341,7 +348,9 @@ def test_a_down_hot_pool_falls_back_to_the_count_cache(stack: Stack, read_app: T
     finally:
         etcd_put(stack, hotkeys.HOTPOOL_PREFIX + post, None)
         stack.up()
-        redis.Redis(host=stack.host, port=victim).delete(keys.count_key(post))
+        redis.Redis(host=stack.host, port=victim, password=stack.redis_password).delete(
+            keys.count_key(post)
+        )
 
 
 def test_the_gateway_mirrors_reads_to_the_sampler(stack: Stack, loop: dict[str, Any]) -> None:

@@ -92,7 +92,13 @@ class Load:
 
 def hot_pool_clients(stack: Stack) -> list[redis.Redis]:
     return [
-        redis.Redis(host=stack.host, port=p, decode_responses=True, socket_timeout=1)
+        redis.Redis(
+            host=stack.host,
+            port=p,
+            password=stack.redis_password,
+            decode_responses=True,
+            socket_timeout=1,
+        )
         for p in stack.layout.ports.hot_pools[:4]
     ]
 

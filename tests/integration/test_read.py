@@ -59,6 +59,7 @@ def rc(stack: Stack) -> Iterator[RedisCluster]:
     # like the writers' client (services.contracts.clients.count_cache): decoded responses
     c = RedisCluster(
         startup_nodes=[ClusterNode(h, p) for h, p in stack.count_cache_nodes],
+        password=stack.redis_password,
         decode_responses=True,
     )
     yield c
@@ -552,6 +553,8 @@ def test_everything_down_answers_the_last_good_value_stale(
             assert [it["count"] for it in r.json()["items"]] == [9, None]
             print(f"everything down: three reads in {time.monotonic() - t0:.3f}s")
         with pytest.raises(redis.ConnectionError):
-            redis.Redis(host=stack.host, port=stack.count_cache_nodes[0][1]).ping()
+            redis.Redis(
+                host=stack.host, port=stack.count_cache_nodes[0][1], password=stack.redis_password
+            ).ping()
     finally:
         stack.up()

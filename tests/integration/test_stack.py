@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 
 import aetcd
 import httpx
@@ -49,6 +50,7 @@ def test_second_up_changes_nothing(stack: Stack) -> None:
 def test_count_cache_is_a_cluster_serving_keys_in_different_slots(stack: Stack) -> None:
     rc = RedisCluster(
         startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in stack.count_cache_nodes],
+        password=stack.redis_password,
         decode_responses=True,
     )
     try:
@@ -67,17 +69,21 @@ def test_count_cache_is_a_cluster_serving_keys_in_different_slots(stack: Stack) 
 
 
 def test_idem_store_is_aof_and_keeps_keys_across_a_restart(stack: Stack) -> None:
-    r = redis.Redis(host=stack.host, port=stack.idem_port, decode_responses=True)
+    r = redis.Redis(
+        host=stack.host, port=stack.idem_port, password=stack.redis_password, decode_responses=True
+    )
     assert r.config_get("appendonly") == {"appendonly": "yes"}
     key = f"idem:u1:p1:{uuid.uuid4()}"
     r.set(key, json.dumps({"state": "liked"}), ex=86400)
     pid_before = stack.status()["idem-store"]["pid"]
     stack.cli("local", "stop", "idem-store")
     with pytest.raises(redis.ConnectionError):
-        redis.Redis(host=stack.host, port=stack.idem_port).ping()
+        redis.Redis(host=stack.host, port=stack.idem_port, password=stack.redis_password).ping()
     status = stack.up()
     assert status["idem-store"]["pid"] != pid_before
-    r = redis.Redis(host=stack.host, port=stack.idem_port, decode_responses=True)
+    r = redis.Redis(
+        host=stack.host, port=stack.idem_port, password=stack.redis_password, decode_responses=True
+    )
     assert json.loads(r.get(key) or "null") == {"state": "liked"}
     assert 0 < r.ttl(key) <= 86400
 
@@ -189,3 +195,22 @@ def test_prometheus_alertmanager_and_webhook_sink_ready(stack: Stack) -> None:
     assert httpx.get(f"{stack.alertmanager_url}/-/ready", timeout=5).status_code == 200
     sink = f"http://{stack.host}:{stack.layout.ports.webhook_sink}"
     assert httpx.get(f"{sink}/-/ready", timeout=5).status_code == 200
+
+
+def test_every_local_redis_requires_the_stacks_password(stack: Stack) -> None:
+    """The program's Redis servers run with requirepass from the redis-auth secret; so do the
+    local ones, so every client of ours runs its AUTH code in every test (no secret in argv)."""
+    ports = [*stack.layout.ports.count_cache, stack.idem_port, *stack.layout.ports.hot_pools]
+    status = stack.status()
+    for port in ports:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host=stack.host, port=port, socket_timeout=2).ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host=stack.host, port=port, password="guess", socket_timeout=2).ping()
+        assert redis.Redis(
+            host=stack.host, port=port, password=stack.redis_password, socket_timeout=2
+        ).ping()
+    for name, s in status.items():
+        if name.startswith(("count-cache", "idem-store", "hot-pool")):
+            cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
+            assert stack.redis_password not in cmdline, name
