@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from infra import config, plan, policies, stackfile
+from infra.stackfile import STACKS_DIR
+
+if TYPE_CHECKING:
+    from infra import plan
+
+# the program (Pulumi, Envoy's typed config) is imported by the command that runs it, not by
+# every `likes` call: on-call's `likes local status` should not pay a second for it
 
 app = typer.Typer(
     help="The Pulumi program: plan stacks offline under Pulumi's mocks.", no_args_is_help=True
@@ -95,6 +101,8 @@ def render_tree(result: plan.Plan) -> Tree:
 
 
 def render_policies(result: plan.Plan) -> Table:
+    from infra import policies
+
     table = Table(title="policies")
     table.add_column("policy")
     table.add_column("result")
@@ -114,11 +122,11 @@ def render_policies(result: plan.Plan) -> Table:
 def plan_command(
     stack: str = typer.Option(..., "--stack", "-s", help="stack name: stacks/Pulumi.<stack>.yaml"),
     as_json: bool = typer.Option(False, "--json", help="print [{type, name, parent, inputs}]"),
-    stacks_dir: Path = typer.Option(
-        stackfile.STACKS_DIR, "--stacks-dir", help="where the stack files are"
-    ),
+    stacks_dir: Path = typer.Option(STACKS_DIR, "--stacks-dir", help="where the stack files are"),
 ) -> None:
     """Run the program offline under Pulumi's mocks; exit 1 when a policy fails, 2 on bad config."""
+    from infra import config, plan, stackfile
+
     err = Console(stderr=True)
     try:
         result = plan.run(stack, stacks_dir)

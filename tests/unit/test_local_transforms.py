@@ -108,3 +108,15 @@ def test_up_stops_on_a_disagreement_naming_workload_and_field(
     out = " ".join(result.output.split())
     assert "workload aggregator" in out and "LIKES_KAFKA_BOOTSTRAPS" in out, out
     assert not (tmp_path / "state.json").exists()  # nothing was started
+
+
+def test_the_cli_does_not_import_the_program_until_a_command_needs_it() -> None:
+    """`likes --help`, `likes hotkeys …` and on-call's other commands paid ~0.75 s for Pulumi
+    (and Envoy's typed config) on every call (review section 5)."""
+    import subprocess
+    import sys
+
+    heavy = "('pulumi', 'envoy_data_plane')"
+    code = f"import sys, cli.main; print(sorted(m for m in {heavy} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
