@@ -22,7 +22,7 @@ from services.contracts import routes
 from services.contracts.workloads import HOTKEY_SAMPLER as WORKLOAD
 from services.hotkey_sampler.publisher import EtcdPublisher
 from services.hotkey_sampler.settings import SamplerSettings
-from services.hotkey_sampler.window import DecayingTopK
+from services.hotkey_sampler.window import DecayingTopK, with_hysteresis
 
 log = logging.getLogger("hotkey_sampler")
 
@@ -47,9 +47,15 @@ async def publish_loop(
     failing = False
     while True:
         try:
-            await publisher.publish(
-                window.top(cfg.sampler_top_k, cfg.sampler_min_rate), cfg.sampler_heat_rate
+            exit_rate = cfg.sampler_min_rate * cfg.sampler_exit_ratio
+            top = with_hysteresis(
+                window.top(2 * cfg.sampler_top_k, exit_rate),
+                publisher.published.rates,
+                cfg.sampler_top_k,
+                cfg.sampler_min_rate,
+                exit_rate,
             )
+            await publisher.publish(top, cfg.sampler_heat_rate)
             PUBLISHED.set(len(publisher.published.rates))
             if failing:
                 log.info("etcd reachable again; flags republished")

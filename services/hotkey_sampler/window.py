@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import datasketches as ds
@@ -102,3 +102,21 @@ class DecayingTopK:
                 rates.append((p, r))
         rates.sort(key=lambda pr: (-pr[1], pr[0]))
         return rates[:k]
+
+
+def with_hysteresis(
+    candidates: list[tuple[str, float]],
+    published: Collection[str],
+    k: int,
+    enter_rate: float,
+    exit_rate: float,
+) -> list[tuple[str, float]]:
+    """What to publish: a post enters at `enter_rate` and, once published, stays while at or
+    above `exit_rate` (below it). Without the band, a post whose estimate wobbled around the
+    floor appeared and vanished every second or two. `candidates` are (post, rate), any order,
+    taken at exit_rate or lower; the hottest k are kept."""
+    if not 0 <= exit_rate <= enter_rate:
+        raise ValueError("exit_rate must be within [0, enter_rate]")
+    keep = [(p, r) for p, r in candidates if r >= enter_rate or (p in published and r >= exit_rate)]
+    keep.sort(key=lambda pr: (-pr[1], pr[0]))
+    return keep[:k]

@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.contracts import routes
+from services.hotkey_sampler import window
 from services.hotkey_sampler.main import create_app
 from services.hotkey_sampler.publisher import Published, diff
 from services.hotkey_sampler.settings import SamplerSettings
@@ -75,3 +76,27 @@ def test_the_sampler_counts_the_gateways_mirrored_reads_on_the_read_routes(
         assert window.rate("viral") == pytest.approx(2 * window.rate("cold"), rel=0.05)
         top = client.get("/v1/top", params={"k": 1}).json()
         assert [t["post_id"] for t in top] == ["viral"]
+
+
+# -- hysteresis: what the sampler publishes does not flap at the floor (issue 10, hole 5) --------
+def test_a_rate_wobbling_around_the_floor_is_published_once_and_stays() -> None:
+    """Seen on the stack: one post at 70 % of ~340 reads/s appeared in etcd and vanished every
+    second or two. Around the floor (200 ± 10 %), it must enter once and stay."""
+    published: set[str] = set()
+    seen = []
+    for rate in [150.0, 205.0, 185.0, 215.0, 180.0, 195.0, 210.0, 190.0]:
+        top = window.with_hysteresis([("viral", rate)], published, 10, 200.0, 100.0)
+        published = {p for p, _ in top}
+        seen.append("viral" in published)
+    assert seen == [False, True, True, True, True, True, True, True]
+    # and it goes once it really cools below the exit rate
+    assert window.with_hysteresis([("viral", 99.0)], published, 10, 200.0, 100.0) == []
+
+
+def test_hysteresis_enters_only_at_the_enter_rate_and_keeps_the_hottest_k() -> None:
+    cands = [("a", 250.0), ("b", 150.0), ("c", 120.0), ("d", 400.0)]
+    assert window.with_hysteresis(cands, set(), 10, 200.0, 100.0) == [("d", 400.0), ("a", 250.0)]
+    kept = window.with_hysteresis(cands, {"b", "c"}, 3, 200.0, 100.0)
+    assert kept == [("d", 400.0), ("a", 250.0), ("b", 150.0)]
+    with pytest.raises(ValueError):
+        window.with_hysteresis(cands, set(), 3, 100.0, 200.0)
