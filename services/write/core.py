@@ -25,7 +25,7 @@ from typing import Any, Literal
 import redis
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, ConsistencyLevel
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.contracts import bloom, events, keys
@@ -150,7 +150,9 @@ class Publisher:
 
         try:
             self.producer.produce(topic, key=key.encode(), value=value, on_delivery=done)
-        except BufferError as e:  # local queue full: the outbox relay will publish it
+        except (BufferError, KafkaException) as e:
+            # local queue full, or the client refused the message: the like is committed, the
+            # outbox relay will publish it; never a 500 after the commit (review D12)
             fut.set_exception(e)
         return fut
 
@@ -191,10 +193,17 @@ class LikeWriter:
             raise Unavailable("idem-store", str(e)) from e
         if raw is None:
             return None
-        stored = json.loads(str(raw))
-        if stored.get("fp") != it.fingerprint:
+        try:
+            stored = json.loads(str(raw))
+            fingerprint, state, changed = stored.get("fp"), stored["state"], stored["changed"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            # corrupt or from an older format: not an answer; the key's intent row decides
+            # whether this is a replay (review D12: it was a 500)
+            log.warning("unreadable idem value; deciding from the intent row")
+            return None
+        if fingerprint != it.fingerprint:
             raise KeyReused(it.intent_uuid)
-        return Outcome(it.intent_uuid, stored["state"], stored["changed"], replayed=True)
+        return Outcome(it.intent_uuid, state, changed, replayed=True)
 
     def _idem_set(self, it: Intent, out: Outcome) -> None:
         value = {

@@ -263,3 +263,19 @@ def test_a_key_reused_for_another_post_is_refused_never_a_202_that_writes_nothin
     s, body, _ = post_like(app_client, stack, user, a, key=key)
     assert s == 202 and body["state"] == "liked" and body["changed"] is False, body
     assert edge_state(cql, user, a) == "liked" and edge_state(cql, user, b) is None
+
+
+def test_an_unreadable_idem_value_is_not_a_500(
+    app_client: TestClient, stack: Stack, cql: Session
+) -> None:
+    """A corrupt (or older-format) idem value answered 500 (review D12); now the key's intent
+    row decides: a first request is applied, its replay changes nothing."""
+    user, post, key = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}", str(uuid.uuid4())
+    idem = clients.idem_store(stack.settings())
+    idem.set(keys.idem_key(user, post, key), "{not json", ex=60)
+    s, body, _ = post_like(app_client, stack, user, post, key=key)
+    assert s == 202 and body["state"] == "liked", body
+    idem.set(keys.idem_key(user, post, key), '{"fp": "x"}', ex=60)  # no state: an old format
+    s, body, _ = post_like(app_client, stack, user, post, key=key)
+    assert s == 202 and body["changed"] is False, body
+    assert edge_state(cql, user, post) == "liked"
