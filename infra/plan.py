@@ -1,6 +1,6 @@
 """Run the Pulumi program offline under Pulumi's mocks and record every declared resource.
 
-`python -m infra.plan --stack prod-us [--json]` is the same as `likes infra plan`. Each run happens
+`likes infra plan --stack prod-us [--json]` prints it (infra/cli.py). Each run happens
 in an empty `contextvars.Context`, so several stacks can be planned in one process (the Pulumi
 runtime keeps its settings, root stack and config in context variables).
 """
@@ -171,15 +171,3 @@ def run(stack: str, directory: Path = stackfile.STACKS_DIR) -> Plan:
     resources = contextvars.Context().run(_execute, stack, sf.values, sorted(sf.secret_keys))
     violations = policies.check(resources, sf.values, sf.secret_keys)
     return Plan(stack, resources, violations, sf.placeholders)
-
-
-def main(argv: list[str] | None = None) -> None:
-    from infra import cli
-
-    cli.app(args=["plan", *(argv or [])] if argv is not None else None, prog_name="infra.plan")
-
-
-if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])

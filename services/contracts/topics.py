@@ -1,5 +1,6 @@
-"""The event spine's topics and their settings; created idempotently by the local stack and
-declared as KafkaTopic resources by infra/kafka.py for production (256 partitions there)."""
+"""Creating the event spine's topics: the program declares them as KafkaTopic resources
+(infra/kafka.py, names from services/contracts/events.py); the local stack creates what the program
+renders, scaled down (local/transforms.py topic_specs)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,12 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from services.contracts import events
-
-THIRTY_DAYS_MS = 30 * 24 * 3600 * 1000
-
 
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
     partitions: int
     config: dict[str, str]
-
-
-def local_specs() -> list[TopicSpec]:
-    """Few partitions on one machine; production's counts live in the stack config."""
-    return [
-        *(TopicSpec(t, 6, {}) for t in events.EVENT_TOPICS),
-        TopicSpec(events.DEAD_LETTER, 2, {"retention.ms": str(THIRTY_DAYS_MS)}),
-    ]
 
 
 def ensure(bootstrap: str, brokers: int, specs: list[TopicSpec], timeout: float = 30) -> list[str]:

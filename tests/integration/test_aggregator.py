@@ -27,6 +27,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client import REGISTRY
 from redis.cluster import RedisCluster
 
+from local import transforms
 from services.aggregator import cache
 from services.aggregator.core import cell_region
 from services.aggregator.main import build
@@ -54,7 +55,8 @@ def stack_env(stack: Stack) -> dict[str, str]:
 def env(stack: Stack) -> Iterator[dict[str, str]]:
     # the stack's bootstrap creates the topics; ensuring again is idempotent and makes this
     # module independent of that
-    topics.ensure(stack.kafka_bootstrap, stack.layout.kafka_brokers, topics.local_specs())
+    specs = transforms.topic_specs(stack.layout, stack.layout.stack)
+    topics.ensure(stack.kafka_bootstrap, stack.layout.kafka_brokers, specs)
     # the stack's own aggregator would fold these tests' events into the same cells first (a
     # correct second writer, but the tests count what *their* aggregator applies): pause it
     stack.cli("local", "stop", "aggregator")
