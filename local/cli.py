@@ -15,6 +15,7 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 from rich.table import Table
 
 from local import components, layout, rendered, supervisor, transforms
+from local.components.base import MissingBinary
 from local.maven import MavenError
 
 app = typer.Typer(help="The whole data plane on this machine, real servers on loopback.")
@@ -117,7 +118,7 @@ def up(
     scope = [n for n, (c, _s) in sup.all_servers().items() if not only or c.name in only]
     try:
         started, status = _run_with_progress(sup, only, scope)
-    except (supervisor.StartError, MavenError, rendered.RenderError, _missing_binary()) as e:
+    except (supervisor.StartError, MavenError, rendered.RenderError, MissingBinary) as e:
         raise _fail(e) from None
     if json_out:
         print(json.dumps(status))
@@ -130,12 +131,6 @@ def up(
             console.print("everything was already running; nothing changed")
     if not all(status[n]["healthy"] for n in scope):
         raise typer.Exit(1)
-
-
-def _missing_binary() -> type[Exception]:
-    from local.components.gateway import MissingBinary  # imports the program's Envoy config
-
-    return MissingBinary
 
 
 def _run_with_progress(

@@ -13,7 +13,6 @@ import os
 import secrets
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -308,10 +307,6 @@ def _check_probes(w: workloads.Workload, c: rendered.Container) -> None:
             raise Disagreement(
                 w.name, kind, f"{probe.path} on {probe.port}; the code serves {path} on {port}"
             )
-
-
-def secrets_dir(layout: Layout) -> Path:
-    return layout.home / "secrets"
 
 
 def token_claims(layout: Layout) -> tuple[str, str]:

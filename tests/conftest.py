@@ -120,7 +120,9 @@ class Stack:
     @property
     def redis_password(self) -> str:
         """Every local Redis requires it (the program's redis-auth secret, as played here)."""
-        return transforms.stack_secrets(self.layout)[transforms.REDIS_AUTH]
+        from local.components import redis as redis_component
+
+        return redis_component.password(self.layout)
 
     @property
     def gateway_url(self) -> str:

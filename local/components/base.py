@@ -14,6 +14,10 @@ import httpx
 from local.layout import Layout
 
 
+class MissingBinary(Exception):
+    """A server's binary is not installed (local/setup.sh installs it)."""
+
+
 class ProbeFailed(Exception):
     """A server did not answer its readiness request (yet)."""
 

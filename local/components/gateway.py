@@ -26,7 +26,7 @@ import httpx
 from infra import envoy_config
 from infra import gateway as program
 from local import issuer, rendered
-from local.components.base import Component, ProbeFailed, Server, http_probe
+from local.components.base import Component, MissingBinary, ProbeFailed, Server, http_probe
 from local.components.issuer import NAME as IDENTITY_PROVIDER
 from local.components.redis import ping_probe, redis_server_bin
 from local.layout import HOST, Layout
@@ -336,10 +336,6 @@ def unexplained(target: str, rendered_doc: Any, local_doc: Any) -> list[str]:
 
 
 # --- versions: the program deploys what runs here ----------------------------------------------
-
-
-class MissingBinary(Exception):
-    """A server's binary is not installed (local/setup.sh installs it)."""
 
 
 def envoy_binary() -> str:

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 import aetcd
 import httpx
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from operators.hotkeys.local_loop import POLICY_KEY
 from services.contracts import hotkeys, keys, routes
 from tests.conftest import Stack
 from tests.integration.test_hotkeys import count_cache, etcd_get, etcd_put
+from tests.integration.test_hotkeys import pools as hot_pool_clients
 
 pytestmark = pytest.mark.stack
 
@@ -88,19 +88,6 @@ class Load:
         with self.lock:
             n = sum(1 for t, p, _ in self.reads if since <= t < until and post in (None, p))
         return n / max(until - since, 1e-9)
-
-
-def hot_pool_clients(stack: Stack) -> list[redis.Redis]:
-    return [
-        redis.Redis(
-            host=stack.host,
-            port=p,
-            password=stack.redis_password,
-            decode_responses=True,
-            socket_timeout=1,
-        )
-        for p in stack.layout.ports.hot_pools[:4]
-    ]
 
 
 def require_up(url: str) -> None:
