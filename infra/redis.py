@@ -9,6 +9,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from services.contracts import keys
 
 PORT = 6379
 BUS_PORT = 16379
@@ -96,11 +97,10 @@ class Redis(pulumi.ComponentResource):
                 "count-cache",
                 args.count_cache_shards * (1 + args.replicas_per_shard),
                 args.count_cache_memory_gi,
-                # A cache rebuilt from the counter-store: evict rather than refuse writes.
                 redis_conf(
                     cluster=True,
                     memory_gi=args.count_cache_memory_gi,
-                    policy="allkeys-lru",
+                    policy=keys.EVICTION_POLICY["count-cache"],
                     aof=False,
                 ),
                 cluster=True,
@@ -112,9 +112,11 @@ class Redis(pulumi.ComponentResource):
                 "idem-store",
                 args.idem_store_shards * 2,
                 args.idem_store_memory_gi,
-                # Never evict a dedup key: a full store must refuse writes (fail closed).
                 redis_conf(
-                    cluster=True, memory_gi=args.idem_store_memory_gi, policy="noeviction", aof=True
+                    cluster=True,
+                    memory_gi=args.idem_store_memory_gi,
+                    policy=keys.EVICTION_POLICY["idem-store"],
+                    aof=True,
                 ),
                 cluster=True,
                 storage_gi=args.idem_store_storage_gi,
@@ -130,7 +132,7 @@ class Redis(pulumi.ComponentResource):
                 redis_conf(
                     cluster=False,
                     memory_gi=max(1, args.count_cache_memory_gi // 4),
-                    policy="allkeys-lru",
+                    policy=keys.EVICTION_POLICY["hot-pool"],
                     aof=False,
                 ),
                 cluster=False,

@@ -8,6 +8,7 @@ from pathlib import Path
 from local.components.base import Component, Server
 from local.components.redis import auth_lines, ping_probe, redis_server_bin
 from local.layout import HOST, Layout
+from services.contracts import keys
 
 HOT_POOLS = 4
 
@@ -38,11 +39,12 @@ class HotPools(Component):
     def prepare(self) -> None:
         self.layout.ensure()
         for port in hot_pool_ports(self.layout):
-            # replicas only: no persistence, bounded memory, evict what has a TTL (all of it);
+            # replicas only: no persistence, bounded memory, evicting as the program's pools;
             # a file, so the password is never in argv
             lines = [
                 f"bind {HOST}", f"port {port}", "protected-mode no", 'save ""',
-                "appendonly no", "maxmemory 64mb", "maxmemory-policy volatile-lru",
+                "appendonly no", "maxmemory 64mb",
+                f"maxmemory-policy {keys.EVICTION_POLICY['hot-pool']}",
                 f"dir {self.layout.data}", *auth_lines(self.layout), "",
             ]  # fmt: skip
             path = self.conf(port)

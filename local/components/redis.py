@@ -16,6 +16,7 @@ import redis
 
 from local.components.base import Component, ProbeFailed, Server, wait_until
 from local.layout import HOST, Layout
+from services.contracts import keys
 
 CLUSTER_NODE_TIMEOUT_MS = 2000
 
@@ -89,10 +90,9 @@ class CountCache(Component):
                         "appendonly no",
                         "save 60 1000",
                         "maxmemory 256mb",
-                        # counts carry a TTL and may be evicted (the counter-store has them);
-                        # Bloom filters carry none and must not be: a lost filter is a wrong
-                        # has_liked "no"
-                        "maxmemory-policy volatile-lru",
+                        # as the program: counts and has_liked filters may be evicted (a lost
+                        # filter is a miss, rebuilt from the edge-store; contracts/bloom.py)
+                        f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
                         *auth_lines(self.layout),
                         "",
                     ]
@@ -185,7 +185,7 @@ class IdemStore(Component):
                     # idempotency keys must survive a restart: a lost key means a double count
                     "appendonly yes",
                     "appendfsync everysec",
-                    "maxmemory-policy noeviction",
+                    f"maxmemory-policy {keys.EVICTION_POLICY['idem-store']}",
                     *auth_lines(self.layout),
                     "",
                 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from services.contracts import keys
+from services.contracts import clients, keys
 
 # KEYS[1] = aggregate, KEYS[2..] = sub-counters; ARGV = count, gen, reactions, last_fresh, ttl,
 # then one value per sub-counter key. Returns 1 if written, 0 if the stored gen is >= gen.
@@ -74,11 +74,10 @@ def set_aggregate(
 
 
 class AggregateWriter:
-    """Many posts' CAS writes, one plain pipeline per primary.
+    """Many posts' CAS writes, one plain pipeline per primary (`clients.eval_per_node`).
 
-    redis-py refuses scripts in a cluster pipeline, so the writes are grouped by the node owning
-    each post's slot. A MOVED (failover, resharding) raises: the caller retries the window after
-    `refresh()`, and every write is idempotent under its gen.
+    A MOVED (failover, resharding) raises: the caller retries after `refresh()`, and every write
+    is idempotent under its gen.
     """
 
     def __init__(self, rc: RedisCluster, ttl_s: int = 0) -> None:
@@ -93,23 +92,11 @@ class AggregateWriter:
         items: Sequence[tuple[str, int, int, Mapping[str, int], int, Mapping[int, int]]],
     ) -> list[bool]:
         """items: (post_id, count, gen, reactions, last_fresh, subcounters) -> written?"""
-        by_node: dict[str, list[int]] = {}
-        nodes: dict[str, Any] = {}
-        for i, (post_id, *_rest) in enumerate(items):
-            node = self.rc.get_node_from_key(keys.count_key(post_id))
-            nodes[node.name] = node
-            by_node.setdefault(node.name, []).append(i)
-        out = [False] * len(items)
-        for name, idx in by_node.items():
-            conn = self.rc.get_redis_connection(nodes[name])
-            pipe = conn.pipeline(transaction=False)
-            for i in idx:
-                post_id, count, gen, reactions, fresh, subs = items[i]
-                ks, argv = _args(post_id, count, gen, reactions, fresh, subs, self.ttl_s)
-                pipe.eval(_CAS, len(ks), *ks, *argv)
-            for i, r in zip(idx, pipe.execute(raise_on_error=True), strict=True):
-                out[i] = bool(r)
-        return out
+        calls = [
+            _args(post_id, count, gen, reactions, fresh, subs, self.ttl_s)
+            for post_id, count, gen, reactions, fresh, subs in items
+        ]
+        return [bool(r) for r in clients.eval_per_node(self.rc, _CAS, calls)]
 
 
 def read_aggregate(rc: RedisCluster, post_id: str) -> dict[str, Any] | None:

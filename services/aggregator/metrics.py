@@ -41,6 +41,23 @@ CACHE_WRITES = Counter(
     "Aggregate writes to the count-cache by result (stale = a newer gen was stored)",
     ["result"],
 )
+CACHE_FAULTS = Counter(
+    "likes_aggregator_cache_faults_total",
+    "Count-cache writes that failed (OOM, a node down); the offsets still move on, and the "
+    "posts are rewritten from the counter-store by later windows",
+    ["what"],
+)
+CACHE_UNSYNCED = Gauge(
+    "likes_aggregator_cache_unsynced",
+    "Aggregates / Bloom adds the count-cache refused, held for a later window's retry",
+    ["what"],
+)
+CACHE_DROPPED = Counter(
+    "likes_aggregator_cache_unsynced_dropped_total",
+    "Retries given up because the held set was full (aggregates: fixed by the post's next event "
+    "or the reconciler; Bloom adds: a has_liked 'no' possible until the filter's TTL)",
+    ["what"],
+)
 PURGED = Counter("likes_aggregator_cdn_purged_total", "Surrogate keys purged")
 PURGE_FAILURES = Counter("likes_aggregator_cdn_purge_failures_total", "Failed CDN purge calls")
 DLQ = Counter("likes_aggregator_dead_letter_total", "Messages sent to the dead-letter topic")

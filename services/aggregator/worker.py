@@ -1,9 +1,17 @@
 """The aggregator's Kafka loop: consume, dedup, window, flush (cells → aggregates → purge), commit.
 
-Offsets are committed only after a window's counter-store and count-cache writes all succeeded;
-a failing store retries the window with backoff and never skips it. Replaying a window is safe
-(see services/aggregator/core.py): cells skip offsets they already hold, aggregates lose to a
-stored generation that is not older.
+The counter-store cells are the record: offsets are committed only after a window's cells are
+written, and a failing counter-store retries the window with backoff and never skips it.
+Replaying a window is safe (see services/aggregator/core.py): cells skip offsets they already
+hold, aggregates lose to a stored generation that is not older.
+
+The count-cache is not the record, so it never holds the offsets (issue 10, hole 2: a full cache
+once failed every aggregate write, the window was retried forever, the consumer left its group
+and every count froze). A refused aggregate write or Bloom add is held in a bounded set and
+retried by each later window (an aggregate is re-read from the cells, so the retry writes the
+newest count); meanwhile readers see the previous aggregate, which is older, never wrong
+(invariant 4). A full set drops the oldest: the post's next event or `likes recount` repairs
+an aggregate, the filter's TTL bounds a lost Bloom add.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,14 +57,16 @@ from services.aggregator.core import (
 from services.aggregator.dlq import DeadLetter
 from services.aggregator.purge import Purger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
-from services.aggregator.store import CounterStore, Plan, StoreError
+from services.aggregator.store import CellRow, CounterStore, Plan, StoreError
 from services.common.worker_http import LoopHealth
-from services.contracts import bloom
+from services.contracts import bloom, clients
 from services.contracts.events import LikeEvent
 
 log = logging.getLogger("aggregator")
 
 MAX_CAS_ROUNDS = 20
+UNSYNCED_MAX = 100_000  # held cache writes per kind (posts; (user, post) Bloom adds)
+RETRY_CHUNK = 5_000  # held posts retried per window: a long outage must not make windows slow
 # what the loop can be stuck retrying (a /readyz check each)
 REGISTRY = "schema-registry"
 WINDOW_FLUSH = "window-flush"
@@ -71,6 +81,24 @@ def _is_transient(e: BaseException) -> bool:
         return e.http_status_code >= 500 or e.http_status_code in (408, 429)
     # httpx (or httpx2) TransportError: the registry is unreachable
     return isinstance(e, OSError) or any(c.__name__ == "TransportError" for c in type(e).__mro__)
+
+
+def _is_cache_fault(e: BaseException) -> bool:
+    """A count-cache failure (a Redis error, OOM, a node down): never a reason to stall."""
+    return isinstance(e, (*clients.REDIS_ERRORS, OSError))
+
+
+def _hold(held: OrderedDict[Any, None], items: Iterable[Any], what: str) -> None:
+    for it in items:
+        held[it] = None
+        held.move_to_end(it)
+    dropped = 0
+    while len(held) > UNSYNCED_MAX:
+        held.popitem(last=False)
+        dropped += 1
+    if dropped:
+        metrics.CACHE_DROPPED.labels(what).inc(dropped)
+    metrics.CACHE_UNSYNCED.labels(what).set(len(held))
 
 
 @dataclass
@@ -112,6 +140,9 @@ class Aggregator:
         )
         self.parts: dict[TP, PartitionState] = {}
         self.cells: OrderedDict[CellKey, tuple[TP, CellState]] = OrderedDict()  # LRU
+        # count-cache writes refused, retried by later windows (insertion order = age)
+        self.unsynced_posts: OrderedDict[str, None] = OrderedDict()
+        self.unsynced_likers: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._base = {t: t[len(settings.agg_topic_prefix) :] for t in settings.source_topics}
         self._crash = settings.agg_test_crash
         self.stop = threading.Event()
@@ -351,8 +382,8 @@ class Aggregator:
         cells_written = self._write_cells(w, posts)
         if self._crash == "after-cells" and cells_written:
             os._exit(17)  # test hook: cells written, count-cache and offsets not
-        changed = self._write_aggregates(list(posts))
-        self._add_likers(w)
+        changed = self._sync_aggregates(list(posts))
+        self._sync_likers(w.likers)
         if self._crash == "after-cache" and cells_written:
             os._exit(17)
         self._purge(changed)
@@ -369,11 +400,50 @@ class Aggregator:
                               "cells_written": cells_written, "purged": len(changed)}},
         )  # fmt: skip
 
-    def _add_likers(self, w: Window) -> None:
-        """Bloom filter bits for the window's likes; idempotent (OR), so a replay is harmless.
-        A failure fails the flush: offsets stay uncommitted and the window is retried."""
-        for user_id, post_id in w.likers:
-            bloom.add(self.cache.rc, user_id, post_id)
+    def _sync_aggregates(self, post_ids: list[str]) -> list[str]:
+        """The window's posts, then up to RETRY_CHUNK held ones, into the count-cache; refused
+        ones are held. Returns the posts whose aggregate changed (to purge)."""
+        changed: list[str] = []
+        for batch, fresh in ((post_ids, True), (list(self.unsynced_posts)[:RETRY_CHUNK], False)):
+            if not batch:
+                continue
+            rows = self.store.read_posts(batch)  # raises: retry the window (cells are the record)
+            try:
+                changed += self._write_aggregates(batch, rows)
+            except Exception as e:
+                if not _is_cache_fault(e):
+                    raise
+                metrics.CACHE_FAULTS.labels("aggregate").inc()
+                log.warning("count-cache refused the aggregates; held for a later window",
+                            extra={"fields": {"posts": len(batch), "error": str(e)}})  # fmt: skip
+                if fresh:
+                    _hold(self.unsynced_posts, batch, "aggregate")
+                return changed  # the cache is failing: the held ones wait for the next window
+            for p in batch:  # written now (or a newer gen was there): no longer owed
+                self.unsynced_posts.pop(p, None)
+            metrics.CACHE_UNSYNCED.labels("aggregate").set(len(self.unsynced_posts))
+        return changed
+
+    def _sync_likers(self, likers: set[tuple[str, str]]) -> None:
+        """Bloom bits for the window's likes (and held ones), added only to filters that exist
+        (see services/contracts/bloom.py); idempotent, so a replay is harmless."""
+        todo = list(dict.fromkeys([*likers, *self.unsynced_likers]))
+        if not todo:
+            return
+        try:
+            bloom.add_many(self.cache.rc, todo)
+        except Exception as e:
+            if not _is_cache_fault(e):
+                raise
+            metrics.CACHE_FAULTS.labels("bloom").inc()
+            log.warning("count-cache refused the Bloom adds; held for the next window",
+                        extra={"fields": {"likes": len(todo), "error": str(e)}})  # fmt: skip
+            with contextlib.suppress(Exception):
+                self.cache.refresh()
+            _hold(self.unsynced_likers, likers, "bloom")
+            return
+        self.unsynced_likers.clear()
+        metrics.CACHE_UNSYNCED.labels("bloom").set(0)
 
     def _cache_get(self, c: CellKey) -> CellState | None:
         hit = self.cells.get(c)
@@ -444,12 +514,9 @@ class Aggregator:
             serial = True
         raise StoreError(f"CAS did not converge for {len(pending)} post(s)")
 
-    def _write_aggregates(self, post_ids: list[str]) -> list[str]:
-        """Re-read each post's whole partition (other regions and shards have other writers),
-        and CAS its aggregate + sub-counters into the count-cache. Returns the posts written."""
-        if not post_ids:
-            return []
-        rows = self.store.read_posts(post_ids)
+    def _write_aggregates(self, post_ids: list[str], rows: dict[str, list[CellRow]]) -> list[str]:
+        """CAS each post's aggregate + sub-counters, from its whole partition `rows` (other
+        regions and shards have other writers), into the count-cache. Returns the posts written."""
         now = self.wall_ms()
         items = []
         for pid in post_ids:
@@ -458,7 +525,8 @@ class Aggregator:
         try:
             results = self.cache.write_many(items)
         except Exception:
-            self.cache.refresh()  # a failover moved slots: re-learn the topology, then retry
+            with contextlib.suppress(Exception):
+                self.cache.refresh()  # a failover moved slots: re-learn the topology
             raise
         written = [pid for pid, ok in zip(post_ids, results, strict=True) if ok]
         metrics.CACHE_WRITES.labels("applied").inc(len(written))

@@ -1,69 +1,172 @@
-"""The per-user "has liked" Bloom filter shared by the writers and the read service.
+"""The per-user "has liked" filter: a Bloom filter in one Redis string, sized to what it holds.
 
-`bloom:{user_id}` holds the bytes of an `rbloom.Bloom.save_bytes()` built with the parameters
-below: an 8-byte header (the number of hash functions) followed by the bit array. Every filter has
-the same parameters, so OR-ing the bytes of two filters is their union: a writer adds a post by
-OR-ing a one-item filter into the user's key (`BITOP OR` through the scratch key, which shares the
-hash tag). A missing filter means "maybe": the reader then asks the edge-store.
+Why this shape (issue 10, hole 2). The first design gave every liker a fixed 4096-item rbloom
+filter (5.5 KB of Redis memory for a user with one like) without a TTL, written by every like: at
+~150 k likers the count-cache was full, aggregate writes failed with OOM and the aggregator
+livelocked. Now:
 
-The filter can only say "no" for posts it was never told about, so every liked edge must be
-`add`ed (idempotent: OR-ing twice changes nothing) and the key must not be rebuilt partially.
+- A filter is a CACHE of the user's liked edges, built from the edge-store (one partition: the
+  edge-store is partitioned by user) by the read service on a miss, sized for twice what the
+  user holds, and expiring `FILTER_TTL_S` after it was built. Memory follows active readers'
+  likes: 44 B for a user with up to 16 likes (+ Redis's ~60 B per key), not 5.5 KB per liker.
+  A missing filter means "maybe": the reader confirms on the edge-store, as before.
+- Writers (the write service after its edge commit; the aggregator for every like it folds,
+  re-driving a write service whose add failed) only ADD to a filter that exists; they never
+  create one. So a filter is either absent or complete, never partial.
+- A rebuild first claims the key with a marker `~<token>`; an add that finds a marker deletes it
+  (the rebuild read the edge-store perhaps before that like committed), and the rebuild installs
+  its filter only if its marker is still there. A like committed before the marker is in the
+  rebuild's read; one committed after deletes the marker. Either way the filter is complete.
+- A user with more than `MAX_CAPACITY` liked edges gets the marker `!` (no filter: every
+  has_liked is an edge-store point read) for `BIG_USER_TTL_S`.
+- An add that takes a filter past its capacity deletes it: the next miss rebuilds a bigger one,
+  so the false-positive rate stays near 1 % instead of degrading.
+- Every key has a TTL, so under `volatile-lru` filters are evictable like aggregates: neither can
+  starve the other into OOM errors, and an evicted filter is just a miss.
+
+Layout of `bloom:{user_id}`:
+  bytes 0..3   u32 big-endian, the items added (`BITFIELD ... INCRBY u32 0 1` on a new item)
+  bytes 4..    the bit array, m = 8 * (len - 4) bits = BITS_PER_ITEM * capacity
+  probe i of a post (i < K) is bit (h1 + i*h2) mod m, h1/h2 two 32-bit words of blake2b(post)
+Values shorter than the smallest filter are markers. Positions are computed in the Lua script
+from (h1, h2), so an add sends two integers whatever the filter's size (an rbloom filter can only
+be merged with one of its own size, which would ship the whole array on every like).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
-
-from rbloom import Bloom
 
 from services.contracts import keys
 
-EXPECTED_ITEMS = 4096  # per user; beyond it the false-positive rate (not correctness) degrades
-FALSE_POSITIVE_RATE = 0.01  # ~4.9 KB per user
+K = 7  # probes per item: optimal for 10 bits per item (ln 2 * 10 = 6.9), ~0.8 % false positives
+BITS_PER_ITEM = 10
+MIN_CAPACITY = 32
+MAX_CAPACITY = 65_536  # 80 KB; beyond it a filter costs more than the point reads it saves
+HEADER_BYTES = 4
+MIN_FILTER_BYTES = HEADER_BYTES + MIN_CAPACITY * BITS_PER_ITEM // 8
+FILTER_TTL_S = 24 * 3600
+BUILD_MARKER_TTL_S = 30
+BIG_USER_TTL_S = 3600
+BUILDING = b"~"
+TOO_BIG = b"!"
 
-# atomic: a concurrent writer cannot overwrite the scratch key between our SET and BITOP
-_OR_SCRIPT = """
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('BITOP', 'OR', KEYS[1], KEYS[1], KEYS[2])
-redis.call('DEL', KEYS[2])
+# KEYS[1] = filter; ARGV = h1, h2. Returns 1 added, 0 no filter (or a marker voided), 2 the
+# filter reached its capacity and was dropped.
+_ADD = f"""
+local len = redis.call('STRLEN', KEYS[1])
+if len == 0 then return 0 end
+if len < {MIN_FILTER_BYTES} then
+  local v = redis.call('GET', KEYS[1])
+  if string.sub(v, 1, 1) == '~' then redis.call('DEL', KEYS[1]) end
+  return 0
+end
+local m = (len - {HEADER_BYTES}) * 8
+local h1 = tonumber(ARGV[1])
+local h2 = tonumber(ARGV[2])
+local new = 0
+for i = 0, {K - 1} do
+  if redis.call('SETBIT', KEYS[1], {HEADER_BYTES * 8} + math.fmod(h1 + i * h2, m), 1) == 0 then
+    new = 1
+  end
+end
+if new == 1 then
+  local n = redis.call('BITFIELD', KEYS[1], 'INCRBY', 'u32', 0, 1)[1]
+  if n > m / {BITS_PER_ITEM} then
+    redis.call('DEL', KEYS[1])
+    return 2
+  end
+end
 return 1
 """
 
-
-def stable_hash(item: Any) -> int:
-    """A 128-bit signed hash that is the same in every process (rbloom's default is not)."""
-    data = item.encode() if isinstance(item, str) else bytes(item)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "big", signed=True)
-
-
-def new_filter() -> Bloom:
-    return Bloom(EXPECTED_ITEMS, FALSE_POSITIVE_RATE, hash_func=stable_hash)
-
-
-FILTER_BYTES = len(new_filter().save_bytes())
+# KEYS[1] = filter; ARGV = marker, value, ttl. Installs the value iff our marker is still there.
+_INSTALL = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
 
 
-def one_item(post_id: str) -> bytes:
-    """The bytes a writer ORs into a user's filter to add one post."""
-    f = new_filter()
-    f.add(post_id)
-    return bytes(f.save_bytes())
+def probes(post_id: str) -> tuple[int, int]:
+    """(h1, h2): the same in every process and language (the Lua script recomputes positions)."""
+    d = hashlib.blake2b(post_id.encode(), digest_size=8).digest()
+    h1 = int.from_bytes(d[:4], "big")
+    h2 = int.from_bytes(d[4:], "big") | 1  # odd: the K probes never collapse onto one bit
+    return h1, h2
 
 
-def load(raw: bytes | None) -> Bloom | None:
-    """The filter from its stored bytes; None (= "maybe" for everything) if missing or foreign."""
-    if raw is None or len(raw) != FILTER_BYTES:
+def capacity_for(n: int) -> int:
+    """Room for twice what the user holds now, a power of two in [MIN, MAX]."""
+    want = max(MIN_CAPACITY, 2 * n)
+    return min(MAX_CAPACITY, 1 << math.ceil(math.log2(want)))
+
+
+def build(post_ids: Sequence[str], capacity: int | None = None) -> bytes:
+    """A filter holding post_ids (the rebuild's side), sized by `capacity_for` unless given;
+    raises ValueError past MAX_CAPACITY."""
+    if len(post_ids) > MAX_CAPACITY:
+        raise ValueError(f"{len(post_ids)} items exceed a filter's {MAX_CAPACITY}")
+    m = (capacity or capacity_for(len(post_ids))) * BITS_PER_ITEM
+    bits = bytearray(m // 8)
+    for p in post_ids:
+        h1, h2 = probes(p)
+        for i in range(K):
+            pos = (h1 + i * h2) % m
+            bits[pos >> 3] |= 0x80 >> (pos & 7)
+    return len(post_ids).to_bytes(HEADER_BYTES, "big") + bytes(bits)
+
+
+@dataclass(frozen=True)
+class Filter:
+    bits: bytes
+
+    def __contains__(self, post_id: str) -> bool:
+        m = len(self.bits) * 8
+        h1, h2 = probes(post_id)
+        for i in range(K):
+            pos = (h1 + i * h2) % m
+            if not self.bits[pos >> 3] & (0x80 >> (pos & 7)):
+                return False
+        return True
+
+    @property
+    def capacity(self) -> int:
+        return len(self.bits) * 8 // BITS_PER_ITEM
+
+
+def load(raw: bytes | None) -> Filter | None:
+    """The filter from its stored bytes; None (= "maybe" for everything) if missing, a marker,
+    or not a size this module writes."""
+    if raw is None or len(raw) < MIN_FILTER_BYTES:
         return None
-    try:
-        return Bloom.load_bytes(raw, stable_hash)
-    except (ValueError, TypeError):
+    bits = raw[HEADER_BYTES:]
+    cap = len(bits) * 8 // BITS_PER_ITEM
+    if cap * BITS_PER_ITEM != len(bits) * 8 or cap & (cap - 1) or cap > MAX_CAPACITY:
         return None
+    return Filter(bytes(bits))
 
 
-def contains(f: Bloom | None, post_id: str) -> bool:
+def is_missing(raw: bytes | None) -> bool:
+    """True when nothing (not even a marker) is stored: the read service should rebuild."""
+    return raw is None
+
+
+def contains(f: Filter | None, post_id: str) -> bool:
     """False only when the user certainly has not liked the post."""
     return f is None or post_id in f
+
+
+def _add_args(user_id: str, post_id: str) -> tuple[str, int, int]:
+    h1, h2 = probes(post_id)
+    return keys.bloom_key(user_id), h1, h2
 
 
 class SyncRedis(Protocol):
@@ -71,21 +174,45 @@ class SyncRedis(Protocol):
     def execute_command(self, *args: Any, **options: Any) -> Any: ...
 
 
-def add(rc: SyncRedis, user_id: str, post_id: str) -> None:
-    """Record that `user_id` liked `post_id` (the writers' side; call after the edge commit)."""
-    rc.eval(
-        _OR_SCRIPT, 2, keys.bloom_key(user_id), keys.bloom_scratch_key(user_id), one_item(post_id)
-    )
+def add(rc: SyncRedis, user_id: str, post_id: str) -> int:
+    """Record that `user_id` liked `post_id` in their filter, if they have one (the writers'
+    side; call after the edge commit). Idempotent."""
+    key, h1, h2 = _add_args(user_id, post_id)
+    return int(rc.eval(_ADD, 1, key, h1, h2))
 
 
-async def add_async(rc: Any, user_id: str, post_id: str) -> None:
+def add_many(rc: Any, pairs: Iterable[tuple[str, str]]) -> None:
+    """`add` for many (user, post) pairs: one pipeline per cluster node (the aggregator's side)."""
+    from services.contracts.clients import eval_per_node
+
+    eval_per_node(rc, _ADD, [([k], [h1, h2]) for k, h1, h2 in (_add_args(*p) for p in pairs)])
+
+
+async def add_async(rc: Any, user_id: str, post_id: str) -> int:
     """`add` for a redis.asyncio client."""
-    await rc.eval(
-        _OR_SCRIPT, 2, keys.bloom_key(user_id), keys.bloom_scratch_key(user_id), one_item(post_id)
-    )
+    key, h1, h2 = _add_args(user_id, post_id)
+    return int(await rc.eval(_ADD, 1, key, h1, h2))
 
 
-def fetch(rc: SyncRedis, user_id: str) -> Bloom | None:
+def new_marker() -> bytes:
+    return BUILDING + secrets.token_hex(8).encode()
+
+
+async def claim_async(rc: Any, user_id: str, marker: bytes) -> bool:
+    """Start a rebuild: True iff nothing was stored (no filter, no other rebuild, no `!`)."""
+    return bool(await rc.set(keys.bloom_key(user_id), marker, nx=True, ex=BUILD_MARKER_TTL_S))
+
+
+async def install_async(rc: Any, user_id: str, marker: bytes, post_ids: Sequence[str]) -> bool:
+    """Finish a rebuild: the filter (or `!` past MAX_CAPACITY) iff our marker is still there."""
+    if len(post_ids) > MAX_CAPACITY:
+        value, ttl = TOO_BIG, BIG_USER_TTL_S
+    else:
+        value, ttl = build(post_ids), FILTER_TTL_S
+    return bool(await rc.eval(_INSTALL, 1, keys.bloom_key(user_id), marker, value, ttl))
+
+
+def fetch(rc: SyncRedis, user_id: str) -> Filter | None:
     # NEVER_DECODE: the shared clients decode responses, the filter is binary
     raw = rc.execute_command("GET", keys.bloom_key(user_id), NEVER_DECODE=True)
     return load(raw)

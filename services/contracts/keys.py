@@ -12,6 +12,16 @@ HEAT_PREFIX = ETCD_PREFIX + "heat/"
 SPLIT_PREFIX = ETCD_PREFIX + "split/"
 FLAGS_PREFIX = ETCD_PREFIX + "flags/"
 
+# What each Redis role may evict when full, for the program's redis.conf and the local servers.
+# The count-cache and hot pools are caches rebuilt from the counter-store / edge-store: evict
+# rather than refuse writes (every key they hold also carries a TTL). The idem-store never
+# evicts: a lost dedup key is a double count, so a full store refuses writes (fail closed).
+EVICTION_POLICY = {
+    "count-cache": "allkeys-lru",
+    "hot-pool": "allkeys-lru",
+    "idem-store": "noeviction",
+}
+
 SPLIT_FACTOR = 8  # sub-keys post_id:0..7 of a split (hot) post
 
 # What a post id may be, for every API: ':' is reserved for the sub-keys of split posts

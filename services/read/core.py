@@ -4,9 +4,10 @@ Counts fall through, per post:
   aggregate `count:{p}` (HGETALL) → sub-counters (one MGET, a hit when any is set) →
   counter-store SUM over the post's cells → the last good answer if at most 1 minute old
   (`stale: true`, its `last_fresh`) → `count: null, stale: true`.
-Nothing is written back: the aggregator owns the cache. has_liked: the user's Bloom filter says
-"no" without the edge-store; a "maybe" (or a missing/unreadable filter) is confirmed by one
-single-partition edge-store read for the whole page.
+Nothing is written back to counts: the aggregator owns them. has_liked: the user's Bloom filter
+says "no" without the edge-store; a "maybe" (or a missing/unreadable filter) is confirmed by one
+single-partition edge-store read for the whole page, and a missing filter is rebuilt in the
+background (`rebuild_filter`, services/read/stores.py FilterRebuilder).
 
 Stores are reached through the `CountCache` / `EdgeAndCounterStore` protocols (services/read/
 stores.py has the Redis and Cassandra ones); every call has a deadline and a circuit breaker.
@@ -147,8 +148,10 @@ class Reader:
         cache_breaker: CircuitBreaker | None = None,
         store_breaker: CircuitBreaker | None = None,
         edge_breaker: CircuitBreaker | None = None,
+        rebuild_filter: Callable[[str], None] | None = None,
     ) -> None:
         self.cache = cache
+        self.rebuild_filter = rebuild_filter
         self.store = store
         self.clock = clock
         self.cache_timeout_s = cache_timeout_s
@@ -269,6 +272,8 @@ class Reader:
                 self.cache_breaker, self.cache_timeout_s, lambda: self.cache.bloom(user_id)
             )
             self.cache_breaker.success()
+            if raw is None and self.rebuild_filter is not None:
+                self.rebuild_filter(user_id)  # a miss: built in the background, used next time
         except Exception:
             raw = None  # no filter to consult: everything is a "maybe"
         f = bloom.load(raw)

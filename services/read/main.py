@@ -23,7 +23,7 @@ from services.read import api, hotkeys
 from services.read.core import Reader
 from services.read.heat import EtcdHeat, HeatSource
 from services.read.metrics import DEGRADED
-from services.read.stores import CassandraStore, RedisCountCache
+from services.read.stores import CassandraStore, FilterRebuilder, RedisCountCache
 
 log = logging.getLogger("read")
 
@@ -104,10 +104,13 @@ def create_app(
         hot_cache = hotkeys.HotPoolCountCache(cache, pools_view, password=settings.redis_auth)
         app.state.settings = settings
         app.state.cache, app.state.store, app.state.heat = cache, store, heat_source
-        app.state.reader = Reader(hot_cache, store, **(reader_options or {}))
+        rebuilder = FilterRebuilder(cache, store)
+        options = {"rebuild_filter": rebuilder.request, **(reader_options or {})}
+        app.state.reader = Reader(hot_cache, store, **options)
         try:
             yield
         finally:
+            await rebuilder.close()
             await pools_view.close()
             await hot_cache.close()
             await heat_source.close()

@@ -16,6 +16,12 @@ HAS_LIKED = Counter(
     "edge-store), then confirmed / false_positive / unavailable for each maybe",
     ["outcome"],
 )
+BLOOM_REBUILDS = Counter(
+    "likes_read_bloom_rebuilds_total",
+    "has_liked filters rebuilt from the edge-store after a miss, by outcome: built, raced (a "
+    "like landed meanwhile), exists (someone else had it), skipped (too many in flight), failed",
+    ["outcome"],
+)
 DEPENDENCY_ERRORS = Counter(
     "likes_read_dependency_errors_total",
     "Failed or refused calls to a dependency (count-cache, counter-store, edge-store)",

@@ -23,9 +23,10 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from services.contracts import clients, keys
+from services.contracts import bloom, clients, keys
 from services.contracts.settings import Settings
 from services.read.core import Aggregate, Totals
+from services.read.metrics import BLOOM_REBUILDS
 
 log = logging.getLogger("read.stores")
 
@@ -160,6 +161,7 @@ class CassandraStore:
         self.session: Session | None = None
         self.q_sum: PreparedStatement | None = None
         self.q_edges: PreparedStatement | None = None
+        self.q_liked: PreparedStatement | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -227,6 +229,28 @@ class CassandraStore:
             rows = await _aio(session.execute_async(bound))
         return {r.ref: r.state for r in rows}
 
+    async def liked_posts(self, user_id: str, limit: int) -> list[str]:
+        """The posts the user has liked, at most `limit` (the caller asks for one more than it
+        can use, to tell "too many"). One partition, paged by the driver."""
+        session, _, _ = self._ready()
+        if self.q_liked is None:
+            q = session.prepare("SELECT ref, state FROM edges WHERE user_id = ? AND kind = 'edge'")
+            q.consistency_level = ConsistencyLevel.LOCAL_QUORUM  # sees the writers' commits
+            q.fetch_size = 5000
+            self.q_liked = q
+        q = self.q_liked
+
+        def read() -> list[str]:  # the driver pages as the result set is iterated
+            out: list[str] = []
+            for r in session.execute(q, (user_id,), timeout=self.timeout_s * 5):
+                if r.state == "liked":
+                    out.append(r.ref)
+                    if len(out) >= limit:
+                        break
+            return out
+
+        return await asyncio.to_thread(read)
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -234,3 +258,53 @@ class CassandraStore:
                 await self._task
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.shutdown)
+
+
+class FilterRebuilder:
+    """Builds a user's has_liked filter from the edge-store after a miss (services/contracts/
+    bloom.py has the protocol that keeps it complete), in the background: the request that saw
+    the miss already answers from the edge-store. One rebuild per user at a time, at most
+    `max_pending` in flight (beyond that a miss just stays a miss: counted, retried next read)."""
+
+    def __init__(
+        self, cache: RedisCountCache, store: CassandraStore, *, max_pending: int = 64,
+        timeout_s: float = 5.0,
+    ) -> None:  # fmt: skip
+        self.cache = cache
+        self.store = store
+        self.max_pending = max_pending
+        self.timeout_s = timeout_s
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def request(self, user_id: str) -> None:
+        if user_id in self._tasks:
+            return
+        if len(self._tasks) >= self.max_pending:
+            BLOOM_REBUILDS.labels("skipped").inc()
+            return
+        task = asyncio.create_task(self._rebuild(user_id), name=f"bloom-rebuild-{user_id}")
+        self._tasks[user_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(user_id, None))
+
+    async def _rebuild(self, user_id: str) -> None:
+        try:
+            outcome = await asyncio.wait_for(self._build(user_id), self.timeout_s)
+        except Exception as e:
+            outcome = "failed"
+            log.warning("has_liked filter rebuild failed",
+                        extra={"fields": {"error": repr(e)}})  # fmt: skip
+        BLOOM_REBUILDS.labels(outcome).inc()
+
+    async def _build(self, user_id: str) -> str:
+        marker = bloom.new_marker()
+        if not await bloom.claim_async(self.cache.rc, user_id, marker):
+            return "exists"  # a filter, another rebuild, or a user with too many likes
+        posts = await self.store.liked_posts(user_id, bloom.MAX_CAPACITY + 1)
+        if await bloom.install_async(self.cache.rc, user_id, marker, posts):
+            return "built"
+        return "raced"  # a like landed during the read: the next miss builds again
+
+    async def close(self) -> None:
+        for t in list(self._tasks.values()):
+            t.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)

@@ -126,9 +126,18 @@ def seed_edge(cql: Session, user_id: str, post_id: str, state: str = "liked") ->
 
 
 def like(rc: RedisCluster, cql: Session, user_id: str, post_id: str) -> None:
-    """What the write path leaves behind: the edge row, and the post in the user's filter."""
+    """What the write path leaves behind: the edge row, and the post in the user's filter if
+    the user has one (a writer never creates a filter: services/contracts/bloom.py)."""
     seed_edge(cql, user_id, post_id)
     bloom.add(rc, user_id, post_id)
+
+
+def filter_built(rc: RedisCluster, user_id: str, timeout_s: float = 10) -> bloom.Filter:
+    deadline = time.monotonic() + timeout_s
+    while (f := bloom.fetch(rc, user_id)) is None:
+        assert time.monotonic() < deadline, f"no filter was built for {user_id}"
+        time.sleep(0.05)
+    return f
 
 
 def node_name(stack: Stack, rc: RedisCluster, key: str) -> str:
@@ -212,8 +221,16 @@ def test_has_liked_bloom_no_skips_the_edge_store_and_maybe_is_confirmed(
         seed_aggregate(rc, p, 1)
     like(rc, cql, user, liked)
     like(rc, cql, user, unliked)
-    seed_edge(cql, user, unliked, "unliked")  # the filter cannot forget: the edge decides
     headers = bearer(stack, user)
+    # no filter yet: the first lookup is a "maybe", answered by the edge-store, and the service
+    # builds the filter from the user's edges in the background
+    assert rc.exists(keys.bloom_key(user)) == 0
+    r = client.get(f"/v1/posts/{other}/likes", headers=headers)
+    assert r.status_code == 200 and r.json()["has_liked"] is False
+    f = filter_built(rc, user)
+    assert liked in f and unliked in f and other not in f
+    assert 0 < rc.ttl(keys.bloom_key(user)) <= bloom.FILTER_TTL_S  # evictable, and it ages out
+    seed_edge(cql, user, unliked, "unliked")  # the filter cannot forget: the edge decides
 
     no_before = metric("likes_read_has_liked_total", outcome="no")
     maybe_before = metric("likes_read_has_liked_total", outcome="maybe")

@@ -1,5 +1,7 @@
-"""The shared Bloom filter format: round trip, the byte-wise OR merge the writers rely on, and a
-hash that is the same in every process."""
+"""The has_liked filter format (services/contracts/bloom.py), free of servers: no false negatives,
+the false-positive rate it promises, sizes that follow what a user holds, markers read as
+"maybe", and a hash that is the same in every process. The Lua side is checked against a real
+Redis in tests/integration/test_bloom.py."""
 
 from __future__ import annotations
 
@@ -7,55 +9,73 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from services.contracts import bloom
 
 
-def or_bytes(a: bytes, b: bytes) -> bytes:
-    """What Redis `BITOP OR` does to two equal-length strings."""
-    return bytes(x | y for x, y in zip(a, b, strict=True))
-
-
-def test_round_trip_through_bytes() -> None:
-    f = bloom.new_filter()
-    for i in range(500):
-        f.add(f"post-{i}")
-    g = bloom.load(bytes(f.save_bytes()))
-    assert g is not None
-    assert all(bloom.contains(g, f"post-{i}") for i in range(500))  # no false negatives
-    absent = sum(bloom.contains(g, f"other-{i}") for i in range(2000))
-    assert absent < 2000 * 0.05  # "no" for almost everything else
-
-
-def test_or_merging_one_item_filters_is_the_union() -> None:
-    stored = bytes(bloom.new_filter().save_bytes())  # what BITOP OR on a missing key starts from
-    for p in ("a", "b", "c"):
-        stored = or_bytes(stored, bloom.one_item(p))
-    f = bloom.load(stored)
+@pytest.mark.parametrize("n", [1, 16, 500, 5000])
+def test_a_built_filter_holds_every_item_and_rejects_about_one_percent(n: int) -> None:
+    items = [f"post-{i}" for i in range(n)]
+    f = bloom.load(bloom.build(items))
     assert f is not None
-    assert all(bloom.contains(f, p) for p in ("a", "b", "c"))
-    assert not bloom.contains(f, "d")
+    assert all(p in f for p in items)  # no false negatives, ever
+    # built at half its capacity; even a full filter stays under ~1 %
+    fp = sum(f"other-{i}" in f for i in range(20_000)) / 20_000
+    assert fp < 0.01, fp
 
 
-def test_or_of_two_user_filters_contains_both() -> None:
-    left, right = bloom.new_filter(), bloom.new_filter()
-    left.update(f"l{i}" for i in range(100))
-    right.update(f"r{i}" for i in range(100))
-    merged = bloom.load(or_bytes(bytes(left.save_bytes()), bytes(right.save_bytes())))
-    assert merged is not None
-    assert all(
-        bloom.contains(merged, f"l{i}") and bloom.contains(merged, f"r{i}") for i in range(100)
-    )
-    assert merged == left | right
+def test_a_full_filter_stays_near_one_percent() -> None:
+    # the Lua add drops a filter once it holds `capacity` items: this is the worst it gets
+    cap = 2048
+    items = [f"p{i}" for i in range(cap)]
+    full = bloom.load(bloom.MIN_FILTER_BYTES.to_bytes(4, "big") + _set_all(cap, items))
+    assert full is not None and full.capacity == cap
+    assert all(p in full for p in items)
+    fp = sum(f"o{i}" in full for i in range(20_000)) / 20_000
+    assert fp < 0.015, fp
 
 
-def test_adding_twice_changes_nothing() -> None:
-    once = or_bytes(bytes(bloom.new_filter().save_bytes()), bloom.one_item("p"))
-    assert or_bytes(once, bloom.one_item("p")) == once  # a replayed window is harmless
+def _set_all(cap: int, items: list[str]) -> bytes:
+    """The bit array of a filter of capacity `cap` holding `items` (what the Lua adds produce)."""
+    m = cap * bloom.BITS_PER_ITEM
+    bits = bytearray(m // 8)
+    for p in items:
+        h1, h2 = bloom.probes(p)
+        for i in range(bloom.K):
+            pos = (h1 + i * h2) % m
+            bits[pos >> 3] |= 0x80 >> (pos & 7)
+    return bytes(bits)
+
+
+def test_size_follows_what_the_user_holds() -> None:
+    one = bloom.build(["p"])
+    assert len(one) == bloom.MIN_FILTER_BYTES == 44  # was 4.9 KB for every liker
+    assert len(bloom.build([f"p{i}" for i in range(1000)])) == 4 + 2048 * 10 // 8
+    assert bloom.capacity_for(0) == bloom.MIN_CAPACITY
+    assert bloom.capacity_for(17) == 64
+    assert bloom.capacity_for(10**9) == bloom.MAX_CAPACITY
+    with pytest.raises(ValueError, match="exceed"):
+        bloom.build([f"p{i}" for i in range(bloom.MAX_CAPACITY + 1)])
+
+
+def test_the_header_counts_the_items() -> None:
+    raw = bloom.build(["a", "b", "c"])
+    assert int.from_bytes(raw[:4], "big") == 3
+
+
+def test_markers_missing_and_foreign_bytes_mean_maybe() -> None:
+    for raw in (None, bloom.new_marker(), bloom.TOO_BIG, b"short", b"\x00" * 45):
+        assert bloom.load(raw) is None, raw
+        assert bloom.contains(bloom.load(raw), "anything")
+    assert bloom.is_missing(None) and not bloom.is_missing(bloom.TOO_BIG)
+    assert bloom.new_marker().startswith(bloom.BUILDING)
+    assert bloom.new_marker() != bloom.new_marker()
 
 
 def test_the_hash_is_stable_across_processes() -> None:
-    # rbloom's default hash is Python's salted hash(); ours must agree between writer and reader
-    code = "from services.contracts import bloom; print(bloom.one_item('post-1').hex())"
+    # the Lua script recomputes positions from (h1, h2): they must not depend on the process
+    code = "from services.contracts import bloom; print(bloom.build(['post-1', 'x']).hex())"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],
@@ -67,12 +87,6 @@ def test_the_hash_is_stable_across_processes() -> None:
         ).stdout
         for seed in ("1", "2")
     }
-    assert outs == {bloom.one_item("post-1").hex() + "\n"}
-
-
-def test_missing_or_foreign_bytes_mean_maybe() -> None:
-    assert bloom.load(None) is None
-    assert bloom.load(b"short") is None
-    assert bloom.contains(None, "anything")
-    other_size = bloom.Bloom(10, 0.1, hash_func=bloom.stable_hash)
-    assert bloom.load(bytes(other_size.save_bytes())) is None
+    assert outs == {bloom.build(["post-1", "x"]).hex() + "\n"}
+    h1, h2 = bloom.probes("post-1")
+    assert 0 <= h1 < 2**32 and 0 < h2 < 2**32 and h2 % 2 == 1

@@ -301,10 +301,7 @@ async def test_an_open_breaker_stops_calling_a_dead_cache(
 
 
 def user_filter(*post_ids: str) -> bytes:
-    f = bloom.new_filter()
-    for p in post_ids:
-        f.add(p)
-    return bytes(f.save_bytes())
+    return bloom.build(post_ids)
 
 
 async def test_bloom_no_answers_without_the_edge_store(
@@ -326,12 +323,26 @@ async def test_bloom_maybe_is_confirmed_by_one_edge_query_for_the_page(
     assert store.edge_queries == 1
 
 
-async def test_a_missing_filter_means_maybe(
-    reader: Reader, cache: MemCache, store: MemStore
+async def test_a_missing_filter_means_maybe_and_asks_for_a_rebuild(
+    cache: MemCache, store: MemStore
 ) -> None:
+    asked: list[str] = []
+    reader = Reader(cache, store, rebuild_filter=asked.append)
     store.edges[("u", "a")] = "liked"
     assert await reader.has_liked("u", ["a", "b"]) == [True, False]
     assert store.edge_queries == 1
+    assert asked == ["u"]
+    cache.blooms["u"] = user_filter("a")
+    assert await reader.has_liked("u", ["a", "b"]) == [True, False]
+    assert asked == ["u"]  # a filter (or a marker) is there: nothing more to build
+
+
+async def test_a_failing_cache_asks_for_no_rebuild(cache: MemCache, store: MemStore) -> None:
+    asked: list[str] = []
+    reader = Reader(cache, store, rebuild_filter=asked.append)
+    cache.down = True
+    await reader.has_liked("u", ["a"])
+    assert asked == []  # "no answer" is not "no filter": a rebuild would race a live filter
 
 
 async def test_cache_down_means_maybe_for_everything(
