@@ -143,6 +143,8 @@ class Aggregator:
         # count-cache writes refused, retried by later windows (insertion order = age)
         self.unsynced_posts: OrderedDict[str, None] = OrderedDict()
         self.unsynced_likers: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.clock = clock
+        self._held_retried_at = 0.0
         self._base = {t: t[len(settings.agg_topic_prefix) :] for t in settings.source_topics}
         self._crash = settings.agg_test_crash
         self.stop = threading.Event()
@@ -179,6 +181,20 @@ class Aggregator:
         self._handle_batch(msgs)
         if self.windower.due():
             self._flush_with_retry(self.windower.take())
+        elif self.unsynced_posts or self.unsynced_likers:
+            self._retry_held()
+
+    def _retry_held(self) -> None:
+        """Held cache writes, retried once a window even when no event arrives."""
+        now = self.clock()
+        if now - self._held_retried_at < self.s.agg_window_ms / 1000:
+            return
+        self._held_retried_at = now
+        try:
+            self._purge(self._sync_aggregates([]))
+            self._sync_likers(set())
+        except Exception as e:  # the counter-store: the next turn tries again
+            log.warning("retrying held cache writes failed", extra={"fields": {"error": str(e)}})
 
     # -- rebalance ----------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[KTP]) -> None:
