@@ -108,7 +108,7 @@ class Statements:
         )
         self.to_unliked = p(
             "UPDATE edges SET state = 'unliked', reaction = ?, updated_at = ?, intent_uuid = ? "
-            "WHERE user_id = ? AND kind = 'edge' AND ref = ? IF state = 'liked'"
+            "WHERE user_id = ? AND kind = 'edge' AND ref = ? IF state = 'liked' AND reaction = ?"
         )
         self.outbox = p(
             "INSERT INTO edges (user_id, kind, ref, post_id, topic, kafka_key, payload, "
@@ -116,6 +116,9 @@ class Statements:
         )
         self.edge_state = p(
             "SELECT state FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+        )
+        self.edge_reaction = p(
+            "SELECT reaction FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
         )
         self.delete_outbox = p(
             "DELETE FROM edges WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
@@ -229,56 +232,26 @@ class LikeWriter:
             return cached
 
         shard = self.shard_for(it.post_id)
-        delta = 1 if it.action == "like" else -1
-        event = events.LikeEvent.new(
-            intent_uuid=it.intent_uuid, user_id=it.user_id, post_id=it.post_id,
-            action=it.action, reaction=it.reaction, delta=delta, region=self.region, shard=shard,
-        )  # fmt: skip
-        try:  # serialize first: the outbox row keeps the exact bytes that get published
-            payload = self.serialize(
-                event, SerializationContext(events.COMMITTED, MessageField.VALUE)
-            )
-        except Exception as e:  # the registry is unreachable or refuses the schema
-            raise Unavailable("schema-registry", str(e)) from e
-        if payload is None:
-            raise Unavailable("schema-registry", "the serializer produced no value")
-
-        now = datetime.now(UTC)
-        intent_id = uuid.UUID(it.intent_uuid)
-        event_id = uuid.UUID(event.event_id)
-        bucket = int(now.timestamp() // 60)
-        oshard = outbox_shard(it.user_id)
-        try:
-            # 2a. the relay's work-list marker, before the batch (see 002_tables.cql)
-            self.session.execute(self.q.marker, (bucket, oshard, now, event_id, it.user_id))
-            # 2b. intent + edge transition + outbox row: one partition, one Paxos round
-            batch = BatchStatement(
-                batch_type=BatchType.UNLOGGED,
-                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
-            )
-            batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-            batch.add(
-                self.q.intent,
-                (it.user_id, it.intent_uuid, it.target_state, intent_id, now, it.post_id),
-            )
-            transition = self.q.to_liked if it.action == "like" else self.q.to_unliked
-            batch.add(transition, (it.reaction, now, intent_id, it.user_id, it.post_id))
-            batch.add(
-                self.q.outbox,
-                (
-                    it.user_id,
-                    event.event_id,
-                    it.post_id,
-                    events.COMMITTED,
-                    keys.kafka_key(it.post_id, shard),
-                    payload,
-                    now,
-                    intent_id,
-                ),
-            )
-            rows = list(self.session.execute(batch))
-        except CASSANDRA_ERRORS as e:
-            raise Unavailable("edge-store", str(e)) from e
+        # An unlike takes back the reaction the edge holds, not the request's (review D5: like
+        # "love" then unlike folded as love +1, like -1 forever). The batch is conditional on
+        # that reaction, so a reaction read stale is caught by the LWT and retried with the
+        # stored one. A like of an already-liked edge is a no-op whatever its reaction: to
+        # change a reaction, unlike then like (each one event, each counted once).
+        reaction = self._stored_reaction(it) if it.action == "unlike" else it.reaction
+        for _ in range(3):
+            rows, event, payload, bucket, oshard, now = self._commit(it, shard, reaction)
+            if rows and rows[0].applied:
+                break
+            edge = next((r for r in rows if getattr(r, "kind", None) == "edge"), None)
+            if (
+                it.action != "unlike"
+                or any(getattr(r, "kind", None) == "intent" for r in rows)
+                or edge is None
+                or edge.state != "liked"
+                or edge.reaction == reaction
+            ):
+                break
+            reaction = edge.reaction  # changed between our read and the batch: take it back
 
         applied = bool(rows and rows[0].applied)
         if not applied:
@@ -311,6 +284,75 @@ class LikeWriter:
                       published=published)  # fmt: skip
         self._idem_set(it, out)  # 4.
         return out
+
+    def _stored_reaction(self, it: Intent) -> str | None:
+        try:
+            row = self.session.execute(self.q.edge_reaction, (it.user_id, it.post_id)).one()
+        except CASSANDRA_ERRORS as e:
+            raise Unavailable("edge-store", str(e)) from e
+        return row.reaction if row is not None else it.reaction
+
+    def _commit(
+        self, it: Intent, shard: int, reaction: str | None
+    ) -> tuple[list[Any], events.LikeEvent, bytes, int, int, datetime]:
+        """2. The event, its marker, and the conditional batch (intent + edge + outbox row)."""
+        delta = 1 if it.action == "like" else -1
+        event = events.LikeEvent.new(
+            intent_uuid=it.intent_uuid, user_id=it.user_id, post_id=it.post_id,
+            action=it.action, reaction=reaction or it.reaction, delta=delta, region=self.region,
+            shard=shard,
+        )  # fmt: skip
+        try:  # serialize first: the outbox row keeps the exact bytes that get published
+            payload = self.serialize(
+                event, SerializationContext(events.COMMITTED, MessageField.VALUE)
+            )
+        except Exception as e:  # the registry is unreachable or refuses the schema
+            raise Unavailable("schema-registry", str(e)) from e
+        if payload is None:
+            raise Unavailable("schema-registry", "the serializer produced no value")
+
+        now = datetime.now(UTC)
+        intent_id = uuid.UUID(it.intent_uuid)
+        event_id = uuid.UUID(event.event_id)
+        bucket = int(now.timestamp() // 60)
+        oshard = outbox_shard(it.user_id)
+        try:
+            # 2a. the relay's work-list marker, before the batch (see 002_tables.cql)
+            self.session.execute(self.q.marker, (bucket, oshard, now, event_id, it.user_id))
+            # 2b. intent + edge transition + outbox row: one partition, one Paxos round
+            batch = BatchStatement(
+                batch_type=BatchType.UNLOGGED,
+                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+            )
+            batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+            batch.add(
+                self.q.intent,
+                (it.user_id, it.intent_uuid, it.target_state, intent_id, now, it.post_id),
+            )
+            if it.action == "like":
+                batch.add(self.q.to_liked, (it.reaction, now, intent_id, it.user_id, it.post_id))
+            else:
+                batch.add(
+                    self.q.to_unliked,
+                    (reaction, now, intent_id, it.user_id, it.post_id, reaction),
+                )
+            batch.add(
+                self.q.outbox,
+                (
+                    it.user_id,
+                    event.event_id,
+                    it.post_id,
+                    events.COMMITTED,
+                    keys.kafka_key(it.post_id, shard),
+                    payload,
+                    now,
+                    intent_id,
+                ),
+            )
+            rows = list(self.session.execute(batch))
+        except CASSANDRA_ERRORS as e:
+            raise Unavailable("edge-store", str(e)) from e
+        return rows, event, payload, bucket, oshard, now
 
     def _not_applied(self, it: Intent, rows: list[Any], now: datetime) -> Outcome:
         """The batch did not apply: either this intent was applied before (a retry whose idem

@@ -28,11 +28,15 @@ def token(stack: Stack, user: str) -> str:
 
 
 def post_like(
-    c: TestClient, stack: Stack, user: str, post: str, action: str = "like", key: str | None = None
-) -> tuple[int, dict[str, object], dict[str, str]]:
+    c: TestClient, stack: Stack, user: str, post: str, action: str = "like", key: str | None = None,
+    reaction: str | None = None,
+) -> tuple[int, dict[str, object], dict[str, str]]:  # fmt: skip
+    body = {"post_id": post, "action": action}
+    if reaction is not None:
+        body["reaction"] = reaction
     r = c.post(
         "/v1/likes",
-        json={"post_id": post, "action": action},
+        json=body,
         headers={
             "Authorization": f"Bearer {token(stack, user)}",
             "Idempotency-Key": key or str(uuid.uuid4()),
@@ -181,6 +185,32 @@ def test_interleaved_like_unlike_retries_final_state_wins(
     evs = once(events_for(stack, {a, b, c}, want=3))
     assert sorted((e.intent_uuid, e.delta) for e in evs) == sorted([(a, 1), (b, -1), (c, 1)])
     assert sum(e.delta for e in evs) == 1
+
+
+def test_an_unlike_takes_back_the_stored_reaction_even_when_read_stale(
+    stack: Stack, app_client: TestClient, cql: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # review D5: like "love" then a plain unlike folded as love +1, like -1: a count of 0 with
+    # "love: 1" in top_reactions, forever
+    user, post, post2 = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+    a, b, c, d = (str(uuid.uuid4()) for _ in range(4))
+    assert post_like(app_client, stack, user, post, "like", a, reaction="love")[0] == 202
+    s, body, _ = post_like(app_client, stack, user, post, "unlike", b)  # the default "like"
+    assert s == 202 and body["changed"] is True
+
+    # the stored reaction read stale (another request changed it between the read and the
+    # batch): the conditional batch refuses it and the retry takes back what is stored
+    writer = app_client.app.state.writer  # type: ignore[attr-defined]
+    monkeypatch.setattr(writer, "_stored_reaction", lambda _it: "like")
+    assert post_like(app_client, stack, user, post2, "like", c, reaction="wow")[0] == 202
+    s, body, _ = post_like(app_client, stack, user, post2, "unlike", d)
+    assert s == 202 and body["changed"] is True
+    assert edge_state(cql, user, post2) == "unliked"
+
+    evs = once(events_for(stack, {a, b, c, d}, want=4))
+    got = sorted((e.post_id, e.delta, e.reaction) for e in evs)
+    assert got == sorted([(post, 1, "love"), (post, -1, "love"), (post2, 1, "wow"),
+                          (post2, -1, "wow")])  # fmt: skip
 
 
 @pytest.mark.parametrize(
