@@ -3,8 +3,8 @@
 No I/O here: the worker feeds messages in and takes windows out; the clock is injected.
 
 Replay safety rests on three facts this module provides:
-- a cell (post_id, region slot, shard) is fed by exactly one Kafka partition (its key is
-  `post_id` or `post_id:n`, and the topic is part of the region slot, see `cell_region`), and
+- a cell (post_id, region slot, shard) is fed by exactly one Kafka partition (the topic and
+  the partition are part of the region slot, see `cell_region`), and
   the cell row stores the highest offset of that partition already folded into it;
 - `fold` takes only the entries above that offset, so re-reading a window applies nothing twice;
 - the dedup decision for an offset depends only on the log before it (bounded by count and by
@@ -46,16 +46,23 @@ def validate(e: events.LikeEvent) -> None:
         raise Poison(f"shard out of range: {e.shard}")
 
 
-def cell_region(region: str, base_topic: str) -> str:
-    """The `region` column of the cell an event of `base_topic` lands in.
+def cell_region(region: str, base_topic: str, partition: int) -> str:
+    """The `region` column of the cell an event of `base_topic` read from `partition` lands in.
 
     A cell row stores ONE applied offset, and offsets are per topic-partition, so a cell must be
-    fed by a single topic: likes.committed lands in `<region>`, likes.voided in
-    `<region>@likes.voided`, likes.unvoided in `<region>@likes.unvoided`. Every reader SUMs the
-    post's partition (and sub-counters SUM over regions per shard), so the extra rows change no
-    total; they are one more actor per region of the PN-counter.
+    fed by a single topic-partition: likes.committed's partition 3 lands in `<region>#3`,
+    likes.voided's in `<region>@likes.voided#3`. Every reader SUMs the post's partition (and
+    sub-counters SUM over regions per shard), so the extra rows change no total; each is one
+    more actor of the PN-counter.
+
+    Why the partition (review D2): a key maps to another partition once partitions are added,
+    and that partition's offsets are lower; with the partition left out, `fold` skipped every
+    new event as a replay and the likes were lost without an error. Now a partition change
+    starts a new cell, the old one keeps what it counted, and a late replay from the old
+    partition still meets its own offset.
     """
-    return region if base_topic == events.COMMITTED else f"{region}@{base_topic}"
+    slot = region if base_topic == events.COMMITTED else f"{region}@{base_topic}"
+    return f"{slot}#{partition}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -305,7 +305,9 @@ class Aggregator:
             w.duplicates += 1
             w.consumed(tp, offset)
             return
-        cell = CellKey(event.post_id, cell_region(event.region, self._base[tp[0]]), event.shard)
+        cell = CellKey(
+            event.post_id, cell_region(event.region, self._base[tp[0]], tp[1]), event.shard
+        )
         w.add(tp, offset, cell, event.delta, event.reaction)
         if event.action == "like" and event.delta > 0:
             w.likers.add((event.user_id, event.post_id))

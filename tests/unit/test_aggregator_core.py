@@ -64,10 +64,10 @@ def test_invalid_events_are_poison(bad: dict[str, object]) -> None:
         validate(ev(**bad))
 
 
-def test_each_topic_feeds_its_own_cell_slot() -> None:
-    assert cell_region("eu", events.COMMITTED) == "eu"
-    slots = {cell_region("eu", t) for t in events.EVENT_TOPICS}
-    assert len(slots) == 3
+def test_each_topic_and_partition_feeds_its_own_cell_slot() -> None:
+    assert cell_region("eu", events.COMMITTED, 3) == "eu#3"
+    slots = {cell_region("eu", t, p) for t in events.EVENT_TOPICS for p in (0, 1)}
+    assert len(slots) == 6  # a partition's offsets never meet another's in one cell (D2)
     assert all(s.startswith("eu") for s in slots)
 
 
