@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import typer
 
+from cli import recount
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
 
 app = typer.Typer(
-    help="Operate the like platform: the local stack, the infra program, hot keys.",
+    help="Operate the like platform: the local stack, the infra program, hot keys, recounts.",
     no_args_is_help=True,
 )
 app.add_typer(local_cli.app, name="local")
 app.add_typer(infra_cli.app, name="infra")
 app.add_typer(hotkeys_cli.app, name="hotkeys")
+app.command()(recount.recount)
 
 if __name__ == "__main__":
     app()

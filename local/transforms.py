@@ -295,6 +295,15 @@ def processes(layout: Layout, stack: str, check: bool = True) -> list[Process]:
     return out
 
 
+def workload_env(layout: Layout, workload: str) -> dict[str, str]:
+    """The LIKES_* env the stack gives one rendered workload (what `likes local up` starts it
+    with): for a tool that must reach the stores exactly as that workload does."""
+    for p in processes(layout, layout.stack, check=False):
+        if p.workload.name == workload:
+            return {k: v for k, v in p.env.items() if k.startswith("LIKES_")}
+    raise KeyError(workload)
+
+
 def _check_probes(w: workloads.Workload, c: rendered.Container) -> None:
     port = w.port
     for kind, probe, path in (
