@@ -20,12 +20,13 @@ How a recount decides (invariant 6: a count equals the post's distinct, non-void
 4. Repair: the difference goes into the post's correction cell, region `<region>@recount`, shard
    0: a row like any other cell, so every reader's SUM over the partition includes it, and no
    event topic is named `recount`, so the aggregator (which writes only `cell_region(region,
-   topic)`) never folds into or overwrites it. The recount is its single writer, through the same
-   compare-and-set on applied_window as the aggregator's cells. Here applied_window is a
-   generation, not an offset: each repair raises it by at least 1, and by as much as it takes for
-   the post's gen (SUM(applied_window + 1), see aggregator.core.aggregate) to beat the gen the
-   count-cache holds, so the cache's gen-CAS accepts the rewritten aggregate even when the drift
-   was in the cache alone. The reaction counts are corrected in the same cell.
+   topic, partition)` slots) never folds into or overwrites it. The recount is its single
+   writer, through the same compare-and-set on applied_window as the aggregator's cells. Here
+   applied_window is a generation, not an offset: each repair raises it by at least 1, and by
+   as much as it takes for the post's gen (SUM(applied_window + 1), see
+   aggregator.core.aggregate) to beat the gen the count-cache holds, so the cache's gen-CAS
+   accepts the rewritten aggregate even when the drift was in the cache alone. The reaction
+   counts are corrected in the same cell.
 
 Limits: run it from one region at a time (edges and cells replicate, so two regions' recounts of
 the same drift would both correct it); it rewrites this region's count-cache only (another

@@ -98,7 +98,7 @@ def test_the_correction_makes_the_sum_the_truth_and_the_gen_beat_the_cache(
 
 def test_the_correction_cell_is_no_cell_the_aggregator_writes() -> None:
     for region in ("us-west-2", "eu", "local"):
-        slots = {cell_region(region, t) for t in events.EVENT_TOPICS}
+        slots = {cell_region(region, t, p) for t in events.EVENT_TOPICS for p in range(64)}
         assert core.correction_region(region) not in slots
 
 
