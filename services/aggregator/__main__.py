@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = worker_http.serve(args.host, args.port, agg.ready)
+    server = worker_http.serve(args.host, args.port, agg.ready, agg.loop.alive)
     log.info("aggregator serving ops", extra={"fields": {"port": args.port}})
     try:
         agg.run(stop)

@@ -15,13 +15,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.contracts import workloads
 
 
-def serve(host: str, port: int, ready: Callable[[], dict[str, bool]]) -> ThreadingHTTPServer:
-    """Start serving in a daemon thread; `ready()` returns named checks for /readyz."""
+def serve(
+    host: str,
+    port: int,
+    ready: Callable[[], dict[str, bool]],
+    alive: Callable[[], bool] = lambda: True,
+) -> ThreadingHTTPServer:
+    """Start serving in a daemon thread; `ready()` returns named checks for /readyz, `alive()`
+    answers /healthz (the kubelet restarts a worker whose loop hung: review D10)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == workloads.HEALTH_PATH:
-                self._send(200, "application/json", b'{"status":"ok"}')
+                if alive():
+                    self._send(200, "application/json", b'{"status":"ok"}')
+                else:
+                    self._send(503, "application/json", b'{"status":"hung"}')
             elif self.path == workloads.READY_PATH:
                 checks = ready()
                 ok = all(checks.values())
@@ -55,6 +64,10 @@ class LoopHealth:
     would read a loop blocked in a retry as ready until the bound passes, then flip to not ready
     with nothing having changed: one probe says ready, the next one, a moment later, not.
     The freshness bound stays, for a loop that stopped without retrying anything (a hung call).
+
+    `alive()` (the liveness probe) is false only for a loop that has not turned for
+    `hung_after_s`, counting from its start: a hung call, a deadlock. A loop retrying an outage
+    turns at every attempt and stays alive: restarting it would not bring the dependency back.
     """
 
     def __init__(
@@ -62,10 +75,13 @@ class LoopHealth:
         dependencies: Iterable[str],
         stale_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        hung_after_s: float = 120.0,
     ) -> None:
         self.dependencies = tuple(dependencies)
         self._stale_after_s = stale_after_s
+        self._hung_after_s = hung_after_s
         self._clock = clock
+        self._started = clock()
         self._turned: float | None = None
         self.waiting_for: str | None = None
 
@@ -88,6 +104,10 @@ class LoopHealth:
         finally:
             if self.waiting_for == dependency:
                 self.waiting_for = None
+
+    def alive(self) -> bool:
+        last = self._turned if self._turned is not None else self._started
+        return self._clock() - last < self._hung_after_s
 
     def checks(self) -> dict[str, bool]:
         turned = self._turned

@@ -36,9 +36,11 @@ def main() -> None:
     def ready() -> dict[str, bool]:
         return {"edge-store": last_ok.is_set()}
 
-    server = worker_http.serve(args.host, args.port, ready)
+    loop = worker_http.LoopHealth(())  # /healthz: a pass that hangs gets the pod restarted
+    server = worker_http.serve(args.host, args.port, ready, loop.alive)
     log.info("relay started")
     while not stop.is_set():
+        loop.turned()
         try:
             res = relay.run_once()
             last_ok.set()

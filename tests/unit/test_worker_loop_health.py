@@ -75,3 +75,48 @@ def test_the_aggregator_waiting_on_the_registry_is_not_ready_until_the_message_d
     assert len(seen) == 12  # the outage outlasted the 30 s freshness bound
     assert all(s[worker.REGISTRY] is False and s["poll-loop"] is True for s in seen)
     assert agg.loop.checks()[worker.REGISTRY] is True
+
+
+def test_only_a_loop_that_stopped_turning_is_dead_not_one_retrying_an_outage() -> None:
+    # review D10: /healthz was always 200, so a hung aggregator was never restarted
+    clock = Clock()
+    loop = LoopHealth(["flush"], hung_after_s=120, clock=clock)
+    clock.t += 119
+    assert loop.alive()  # starting up: not turned yet, within the bound
+    clock.t += 1
+    assert not loop.alive()
+    loop.turned()
+    assert loop.alive()
+    with loop.retrying("flush"):
+        for _ in range(10):  # ten minutes of a store outage, one failed attempt a minute
+            clock.t += 60
+            loop.failed("flush")
+            assert loop.alive() and not loop.checks()["flush"]
+    clock.t += 120
+    assert not loop.alive()  # a call that never returns
+
+
+def test_healthz_answers_503_when_the_loop_is_hung() -> None:
+    import json
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from services.common import worker_http
+    from services.contracts import workloads
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    hung = {"now": False}
+    server = worker_http.serve("127.0.0.1", port, dict, lambda: not hung["now"])
+    url = f"http://127.0.0.1:{port}{workloads.HEALTH_PATH}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert r.status == 200
+        hung["now"] = True
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=5)
+        assert e.value.code == 503 and json.loads(e.value.read())["status"] == "hung"
+    finally:
+        server.shutdown()
