@@ -14,6 +14,7 @@ Replay safety rests on three facts this module provides:
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +27,12 @@ NO_ROW = -1  # applied_window of a cell that has no row yet: every offset (>= 0)
 TOP_REACTIONS = 5
 
 
+_POST_ID = re.compile(keys.POST_ID_PATTERN)
+_USER_ID = re.compile(keys.USER_ID_PATTERN)
+_REACTION = re.compile(keys.REACTION_PATTERN)
+_REGION = re.compile(r"^[a-z0-9\-]{1,32}$")
+
+
 class Poison(Exception):
     """The message itself is bad (undecodable or invalid): retrying will not fix it."""
 
@@ -36,10 +43,16 @@ def validate(e: events.LikeEvent) -> None:
         uuid.UUID(e.intent_uuid)
     except (ValueError, AttributeError, TypeError) as exc:
         raise Poison(f"intent_uuid is not a uuid: {e.intent_uuid!r}") from exc
-    if not e.post_id:
-        raise Poison("empty post_id")
-    if not e.region:
-        raise Poison("empty region")
+    # what would break a key downstream (a 64 KiB Cassandra partition key, a Redis hash tag)
+    # is refused here, at decode time, not found at flush time (review D9)
+    if not _POST_ID.match(e.post_id or ""):
+        raise Poison(f"post_id is not a post id: {e.post_id[:80]!r}")
+    if not _USER_ID.match(e.user_id or ""):
+        raise Poison(f"user_id is not a user id: {e.user_id[:80]!r}")
+    if not _REACTION.match(e.reaction or ""):
+        raise Poison(f"reaction is not a reaction: {e.reaction[:80]!r}")
+    if not e.region or not _REGION.match(e.region):
+        raise Poison(f"region is not a region: {e.region[:80]!r}")
     if e.delta not in (-1, 0, 1):
         raise Poison(f"delta out of range: {e.delta}")
     if not 0 <= e.shard < keys.SPLIT_FACTOR:

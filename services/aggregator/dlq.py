@@ -52,6 +52,15 @@ class DeadLetter:
         self.topic = topic
         self.timeout_s = timeout_s
 
+    def send_reference(
+        self, topic: str, partition: int, offset: int, key: bytes, error: str
+    ) -> bool:
+        """A message found poison after it was decoded (at flush time: the window holds no
+        message bytes): the record carries where it is (`dlq.source.*`) and an empty value;
+        the source topic still holds the message for `likes dlq replay`."""
+        hs = [*headers(topic, partition, offset, error, 1, None), ("dlq.reference", b"1")]
+        return self._publish(key, None, hs, topic, partition, offset, error)
+
     def send(self, msg: Message, error: str, attempts: int, event: LikeEvent | None) -> bool:
         """Publish and wait for the ack. False if the DLQ refused it: the message is then logged
         in full (the last resort the seed names) and the partition still moves on."""
@@ -59,15 +68,22 @@ class DeadLetter:
             msg.topic() or "", msg.partition() or 0, msg.offset() or 0, error, attempts, event,
             _original_headers(msg),
         )  # fmt: skip
+        return self._publish(
+            msg.key(), msg.value(), hs, msg.topic() or "", msg.partition() or 0,
+            msg.offset() or 0, error,
+        )  # fmt: skip
+
+    def _publish(
+        self, key: bytes | None, value: bytes | None, hs: list[tuple[str, str | bytes | None]],
+        topic: str, partition: int, offset: int, error: str,
+    ) -> bool:  # fmt: skip
         result: dict[str, Any] = {}
 
         def done(err: KafkaError | None, _m: Message) -> None:
             result["err"] = err
 
         try:
-            self.producer.produce(
-                self.topic, key=msg.key(), value=msg.value(), headers=hs, on_delivery=done
-            )
+            self.producer.produce(self.topic, key=key, value=value, headers=hs, on_delivery=done)
             self.producer.flush(self.timeout_s)
         except Exception as e:  # BufferError, KafkaException
             result["err"] = e
@@ -76,18 +92,18 @@ class DeadLetter:
             metrics.DLQ.inc()
             log.warning(
                 "message dead-lettered",
-                extra={"fields": {"topic": msg.topic(), "partition": msg.partition(),
-                                  "offset": msg.offset(), "error": error}},
+                extra={"fields": {"topic": topic, "partition": partition, "offset": offset,
+                                  "error": error}},
             )  # fmt: skip
             return True
         metrics.DLQ_FAILURES.inc()
         log.error(
             "dead-letter topic refused a poison message; skipping it",
             extra={"fields": {
-                "topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset(),
+                "topic": topic, "partition": partition, "offset": offset,
                 "error": error, "dlq_error": str(err),
-                "key_b64": base64.b64encode(msg.key() or b"").decode(),
-                "value_b64": base64.b64encode(msg.value() or b"").decode(),
+                "key_b64": base64.b64encode(key or b"").decode(),
+                "value_b64": base64.b64encode(value or b"").decode(),
             }},
         )  # fmt: skip
         return False

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from cassandra import InvalidRequest
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType, ConsistencyLevel, Statement
@@ -26,6 +27,16 @@ def _applied(v: int | None) -> int:
 
 class StoreError(Exception):
     """A counter-store call failed: the window is retried, never skipped."""
+
+
+class PoisonPosts(StoreError):
+    """The store refused some posts' statements for good (InvalidRequest: e.g. a key longer than
+    the 64 KiB a partition key may be). Retrying cannot help and would stall every partition of
+    the consumer (review D9): the worker dead-letters those posts' events and goes on."""
+
+    def __init__(self, errors: Mapping[str, str]) -> None:
+        super().__init__(f"{len(errors)} post(s) refused: {next(iter(errors.values()))}")
+        self.errors = dict(errors)
 
 
 class CounterStore:
@@ -46,17 +57,28 @@ class CounterStore:
             "WHERE post_id = ? AND region = ? AND shard = ? IF applied_window = ?"
         )
 
-    def _run(self, stmts: list[tuple[Statement, Any]]) -> list[Any]:
+    def _run(self, stmts: list[tuple[Statement, Any]], post_ids: Sequence[str]) -> list[Any]:
+        """Results in order. Any transient failure raises StoreError (retry the window); if the
+        only failures are permanent, PoisonPosts names their posts."""
         if not stmts:
             return []
         results = execute_concurrent(
             self.session, stmts, concurrency=self.concurrency, raise_on_first_error=False
         )
         out = []
-        for ok, res in results:
-            if not ok:
-                raise StoreError(f"{type(res).__name__}: {res}")
-            out.append(res)
+        poison: dict[str, str] = {}
+        transient: Exception | None = None
+        for pid, (ok, res) in zip(post_ids, results, strict=True):
+            if ok:
+                out.append(res)
+            elif isinstance(res, InvalidRequest):
+                poison[pid] = f"{type(res).__name__}: {res}"
+            else:
+                transient = res
+        if transient is not None:
+            raise StoreError(f"{type(transient).__name__}: {transient}")
+        if poison:
+            raise PoisonPosts(poison)
         return out
 
     def read_posts(self, post_ids: Sequence[str], serial: bool = False) -> dict[str, list[CellRow]]:
@@ -69,7 +91,7 @@ class CounterStore:
             b.consistency_level = cl
             stmts.append((b, None))
         out: dict[str, list[CellRow]] = {}
-        for pid, rs in zip(post_ids, self._run(stmts), strict=True):
+        for pid, rs in zip(post_ids, self._run(stmts, post_ids), strict=True):
             out[pid] = [
                 CellRow(
                     r.region,
@@ -116,7 +138,7 @@ class CounterStore:
             (self._statement(pid, plans[pid], now), None) for pid in ids
         ]
         out = {}
-        for pid, rs in zip(ids, self._run(stmts), strict=True):
+        for pid, rs in zip(ids, self._run(stmts, ids), strict=True):
             rows = list(rs)
             out[pid] = bool(rows and rows[0].applied)
         return out

@@ -57,7 +57,7 @@ from services.aggregator.core import (
 from services.aggregator.dlq import DeadLetter
 from services.aggregator.purge import Purger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
-from services.aggregator.store import CellRow, CounterStore, Plan, StoreError
+from services.aggregator.store import CellRow, CounterStore, Plan, PoisonPosts, StoreError
 from services.common.worker_http import LoopHealth
 from services.contracts import bloom, clients
 from services.contracts.events import LikeEvent
@@ -397,7 +397,13 @@ class Aggregator:
     def _flush(self, w: Window) -> None:
         t0 = time.perf_counter()
         posts = w.posts()
-        cells_written = self._write_cells(w, posts)
+        while True:
+            try:
+                cells_written = self._write_cells(w, posts)
+                break
+            except PoisonPosts as e:  # refused for good: dead-letter them, flush the rest
+                self._quarantine(w, e.errors)
+                posts = w.posts()
         if self._crash == "after-cells" and cells_written:
             os._exit(17)  # test hook: cells written, count-cache and offsets not
         changed = self._sync_aggregates(list(posts))
@@ -417,6 +423,21 @@ class Aggregator:
             extra={"fields": {"events": w.events, "duplicates": w.duplicates, "posts": len(posts),
                               "cells_written": cells_written, "purged": len(changed)}},
         )  # fmt: skip
+
+    def _quarantine(self, w: Window, errors: dict[str, str]) -> None:
+        """Dead-letter (by reference) every event of these posts in the window, and drop their
+        cells; their offsets still commit with the window, as for decode-time poison."""
+        for c in [c for c in w.cells if c.post_id in errors]:
+            topic, partition = w.cell_tp[c]
+            for entry in w.cells[c]:
+                self.dead_letter.send_reference(
+                    topic, partition, entry.offset, c.post_id.encode()[:1024],
+                    f"flush-time poison: {errors[c.post_id]}",
+                )  # fmt: skip
+            w.events -= len(w.cells.pop(c))
+            del w.cell_tp[c]
+            self.cells.pop(c, None)
+        w.likers = {(u, p) for u, p in w.likers if p not in errors}
 
     def _sync_aggregates(self, post_ids: list[str]) -> list[str]:
         """The window's posts, then up to RETRY_CHUNK held ones, into the count-cache; refused

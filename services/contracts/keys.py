@@ -30,6 +30,8 @@ POST_ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
 # What a user id (a token's `sub`) may be before it goes into a key: identity providers use
 # printable ids ('auth0|abc', emails, UUIDs); braces would break the hash tag of bloom:{user}.
 USER_ID_PATTERN = r"^[A-Za-z0-9_.@|:+\-]{1,128}$"
+# A reaction name (like, love, wow, ...): a JSON key of the aggregate and a map key of the cells.
+REACTION_PATTERN = r"^[a-z_]{1,32}$"
 
 
 def count_key(post_id: str) -> str:

@@ -26,7 +26,7 @@ class LikeRequest(BaseModel):
 
     post_id: str = Field(pattern=POST_ID)
     action: Literal["like", "unlike"]
-    reaction: str = Field(default="like", pattern=r"^[a-z_]{1,32}$")
+    reaction: str = Field(default="like", pattern=keys.REACTION_PATTERN)
     user_id: str | None = Field(default=None, description="optional; must be the caller")
 
 

@@ -553,6 +553,76 @@ def test_poison_goes_to_dead_letter_after_3_attempts_and_the_partition_keeps_flo
     assert counter("likes_aggregator_dead_letter_total") >= 3
 
 
+def dead_letters(s: AggregatorSettings) -> Consumer:
+    """A consumer positioned at the current end of the dead-letter topic."""
+    dlq = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": "unused"})
+    meta = dlq.list_topics(s.dead_letter_topic, timeout=10).topics[s.dead_letter_topic]
+    start = []
+    for p in meta.partitions:
+        tp = TopicPartition(s.dead_letter_topic, p)
+        start.append(TopicPartition(s.dead_letter_topic, p, dlq.get_watermark_offsets(tp, 10)[1]))
+    dlq.assign(start)
+    return dlq
+
+
+def poll_headers(
+    dlq: Consumer, want: int, match: Callable[[dict[str, bytes]], bool], timeout: float = 30
+) -> list[dict[str, bytes]]:
+    """Headers of the dead letters that `match`, until `want` of them or the timeout."""
+    got: list[dict[str, bytes]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(got) < want:
+        m = dlq.poll(0.5)
+        if m is not None and not m.error() and match(h := dict(m.headers() or [])):
+            got.append(h)
+    return got
+
+
+def test_an_event_that_would_break_a_store_is_dead_lettered_not_retried_forever(
+    settings: AggregatorSettings, producer: Producer, serialize: Any, rc: RedisCluster
+) -> None:
+    # review D9: a post id longer than a partition key may be passed validation, and every
+    # flush of its window failed InvalidRequest, retried forever: all partitions stalled
+    post, huge = f"post-{uuid.uuid4()}", "x" * 70_000
+    dlq = dead_letters(settings)
+    bad = like(huge)
+    with running(settings):
+        produce(producer, [msg(serialize, like(post)), msg(serialize, bad),
+                           msg(serialize, like(post))])  # fmt: skip
+        wait_for(counted(rc, post, 2), what="the good events around the poison")
+    got = poll_headers(dlq, 1, lambda h: h.get("dlq.event_id") == bad.event_id.encode())
+    dlq.close()
+    assert len(got) == 1 and b"post_id" in got[0]["dlq.error"]
+
+
+def test_a_post_the_store_refuses_at_flush_is_quarantined_and_the_window_flushes(
+    settings: AggregatorSettings, session: Session, rc: RedisCluster
+) -> None:
+    # defence in depth behind validate(): a store that refuses one post's statements for good
+    # (InvalidRequest) dead-letters that post's events by reference and flushes the others
+    from services.aggregator.core import CellKey, Window
+
+    good, huge = f"post-{uuid.uuid4()}", "y" * 70_000
+    dlq = dead_letters(settings)
+    agg, cluster = build(settings)
+    try:
+        w = Window(window_id=1)
+        w.add((events.COMMITTED, 0), 10**12, CellKey(good, "eu#0", 0), 1, "like")
+        w.add((events.COMMITTED, 0), 10**12 + 1, CellKey(huge, "eu#0", 0), 1, "like")
+        w.add((events.COMMITTED, 0), 10**12 + 2, CellKey(huge, "eu#0", 0), 1, "like")
+        agg._flush(w)
+    finally:
+        agg.consumer.close()
+        cluster.shutdown()
+    assert sum(v[0] for v in cells(session, good).values()) == 1
+    assert agg_count(rc, good) == 1
+    got = poll_headers(dlq, 2, lambda h: int(h.get("dlq.source.offset", b"0")) >= 10**12)
+    dlq.close()
+    refs = sorted(int(h["dlq.source.offset"]) for h in got if h.get("dlq.reference") == b"1")
+    assert refs == [10**12 + 1, 10**12 + 2]
+    assert all(b"InvalidRequest" in h["dlq.error"] for h in got)
+
+
 def test_cdn_purge_is_recorded_for_each_changed_post(
     settings: AggregatorSettings, producer: Producer, serialize: Any, rc: RedisCluster
 ) -> None:

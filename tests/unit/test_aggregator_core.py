@@ -57,6 +57,12 @@ def test_valid_event_passes() -> None:
         {"delta": -2},
         {"shard": 8},
         {"shard": -1},
+        # what validated nothing before and broke a store at flush time (review D9)
+        {"post_id": "x" * 70_000},  # longer than a Cassandra partition key may be
+        {"post_id": "p{1}"},  # a Redis hash tag inside a key
+        {"user_id": "u}1"},
+        {"reaction": "Love!"},
+        {"region": "eu@likes.voided"},  # a cell slot, not a region
     ],
 )
 def test_invalid_events_are_poison(bad: dict[str, object]) -> None:
