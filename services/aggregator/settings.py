@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import SecretStr, model_validator
 
 from services.aggregator import purge
-from services.contracts import events
+from services.contracts import convergence, events
 from services.contracts.settings import Settings
 
 
@@ -16,7 +16,7 @@ class AggregatorSettings(Settings):
     # topic names are events.EVENT_TOPICS / DEAD_LETTER behind this prefix (a bench or a test can
     # run on its own copies of the topics)
     agg_topic_prefix: str = ""
-    agg_window_ms: int = 1000
+    agg_window_ms: int = int(convergence.AGG_WINDOW_S * 1000)
     agg_window_max_events: int = 200_000  # flush early: bounds a catch-up window's memory
     agg_window_max_stretch_ms: int = 10_000  # back-pressure: a slow flush lengthens windows
     # dedup bound, per partition: the last `capacity` distinct intents no older than `max_age`

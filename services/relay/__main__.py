@@ -8,7 +8,7 @@ import signal
 import threading
 
 from services.common import observability, worker_http
-from services.contracts import clients, workloads
+from services.contracts import clients, convergence, workloads
 from services.contracts.clients import CASSANDRA_ERRORS
 from services.contracts.settings import Settings
 from services.relay.core import OutboxRelay
@@ -26,7 +26,11 @@ def main() -> None:
     log = observability.setup_logging(workloads.OUTBOX_RELAY.name, settings.log_level)
     observability.setup_tracing(workloads.OUTBOX_RELAY.name, settings.otlp_endpoint)
     cluster, session = clients.cassandra(settings)
-    publisher = Publisher(clients.producer(settings, **{"message.timeout.ms": 5000}))
+    publisher = Publisher(
+        clients.producer(
+            settings, **{"message.timeout.ms": round(1000 * convergence.RELAY_PUBLISH_TIMEOUT_S)}
+        )
+    )
     relay = OutboxRelay(session, publisher)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from cassandra.cluster import Session
 from prometheus_client import Counter, Gauge
 
+from services.contracts import convergence
 from services.contracts.clients import CASSANDRA_ERRORS
 from services.write.core import OUTBOX_SHARDS, Publisher
 
@@ -40,9 +41,9 @@ class OutboxRelay:
         publisher: Publisher,
         *,
         stale_marker_s: float = 30.0,
-        min_age_s: float = 3.0,
+        min_age_s: float = convergence.RELAY_REPUBLISH_AFTER_S,
         batch: int = 500,
-        publish_wait_s: float = 5.0,
+        publish_wait_s: float = convergence.RELAY_PUBLISH_TIMEOUT_S,
     ) -> None:
         self.session = session
         self.publisher = publisher

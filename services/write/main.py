@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from services.common import http, observability
-from services.contracts import clients, workloads
+from services.contracts import clients, convergence, workloads
 from services.contracts.settings import Settings
 from services.write import api, core, splits
 
@@ -23,7 +23,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         cluster, session = clients.cassandra(settings)
         registry = clients.schema_registry(settings)
         serializer = clients.like_serializer(registry)
-        publisher = core.Publisher(clients.producer(settings, **{"message.timeout.ms": 10000}))
+        publisher = core.Publisher(
+            clients.producer(
+                settings,
+                **{"message.timeout.ms": round(1000 * convergence.WRITER_PUBLISH_TIMEOUT_S)},
+            )
+        )
         split_view = splits.split_view(settings)
         await split_view.start()  # polls in the background; no etcd → nothing split
         app.state.settings = settings
