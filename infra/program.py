@@ -273,6 +273,8 @@ def workload_env(
             "cdn_purger": "cloudflare",
             "cloudflare_zone_id": cfg.cdn.zone_id,
             "cloudflare_api_token": kx.SecretRef(services.CDN_PURGE_SECRET, "token"),
+            # MirrorMaker 2 brings the peers' events here: refresh their posts (review D3)
+            "agg_peer_regions": ",".join(p.region for p in cfg.peers),
         },
         workloads.HOTKEY_OPERATOR.name: {"hot_pools": ",".join(hot_pools)},
     }

@@ -196,6 +196,8 @@ class Window:
     # (user_id, post_id) of each like: OR-ed into the users' Bloom filters before the offsets
     # commit, so has_liked's "no" can never miss a counted like for long
     likers: set[tuple[str, str]] = field(default_factory=set)
+    # posts a peer region's (mirrored) event touched: their aggregate is re-read from the cells
+    refresh: set[str] = field(default_factory=set)
 
     def add(self, tp: TP, offset: int, cell: CellKey, delta: int, reaction: str) -> None:
         self.cells.setdefault(cell, []).append(Entry(offset, delta, reaction))

@@ -27,6 +27,11 @@ class AggregatorSettings(Settings):
     agg_store_concurrency: int = 64
     agg_cache_ttl_s: int = 7 * 86400  # aggregate + sub-counters expire when a post goes cold
     agg_auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # peer regions whose events MirrorMaker 2 mirrors here (comma-separated): consumed to refresh
+    # the aggregates and has_liked filters of their posts, never counted (their own aggregator
+    # counts them into their cells, which reach this region through the counter-store's DCs)
+    agg_peer_regions: str = ""
+    agg_remote_recheck_s: float = 30.0  # re-read a post once more after a peer's event
     # a test hook: exit the process abruptly at this point of the first non-empty flush
     agg_test_crash: Literal["", "after-cells", "after-cache"] = ""
 
@@ -58,6 +63,11 @@ class AggregatorSettings(Settings):
     @property
     def source_topics(self) -> list[str]:
         return [self.topic(t) for t in events.EVENT_TOPICS]
+
+    @property
+    def mirrored_topics(self) -> list[str]:
+        peers = [p.strip() for p in self.agg_peer_regions.split(",") if p.strip()]
+        return [self.topic(events.mirrored(p, t)) for p in peers for t in events.EVENT_TOPICS]
 
     @property
     def dead_letter_topic(self) -> str:

@@ -146,6 +146,9 @@ class Aggregator:
         self.clock = clock
         self._held_retried_at = 0.0
         self._base = {t: t[len(settings.agg_topic_prefix) :] for t in settings.source_topics}
+        self._mirrored = set(settings.mirrored_topics)
+        # posts to re-read once more after a peer's event (its cells may replicate after it)
+        self.recheck: OrderedDict[str, float] = OrderedDict()
         self._crash = settings.agg_test_crash
         self.stop = threading.Event()
         self.loop = LoopHealth((REGISTRY, WINDOW_FLUSH), clock=clock)
@@ -156,7 +159,7 @@ class Aggregator:
         if stop is not None:
             self.stop = stop
         self.consumer.subscribe(
-            self.s.source_topics,
+            [*self.s.source_topics, *self.s.mirrored_topics],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -181,7 +184,7 @@ class Aggregator:
         self._handle_batch(msgs)
         if self.windower.due():
             self._flush_with_retry(self.windower.take())
-        elif self.unsynced_posts or self.unsynced_likers:
+        elif self.unsynced_posts or self.unsynced_likers or self.recheck:
             self._retry_held()
 
     def _retry_held(self) -> None:
@@ -190,8 +193,11 @@ class Aggregator:
         if now - self._held_retried_at < self.s.agg_window_ms / 1000:
             return
         self._held_retried_at = now
+        due = []
+        while self.recheck and next(iter(self.recheck.values())) <= now:
+            due.append(self.recheck.popitem(last=False)[0])
         try:
-            self._purge(self._sync_aggregates([]))
+            self._purge(self._sync_aggregates(due))
             self._sync_likers(set())
         except Exception as e:  # the counter-store: the next turn tries again
             log.warning("retrying held cache writes failed", extra={"fields": {"error": str(e)}})
@@ -300,6 +306,12 @@ class Aggregator:
         if event is None:  # dead-lettered: the partition moves past it
             w.consumed(tp, offset)
             return
+        if tp[0] in self._mirrored:  # a peer region's event: refresh, never count (D3)
+            w.consumed(tp, offset)
+            w.refresh.add(event.post_id)
+            if event.action == "like" and event.delta > 0:
+                w.likers.add((event.user_id, event.post_id))
+            return
         if st.dedup.check_and_add(event.intent_uuid, ts):
             metrics.DEDUP_HITS.inc()
             w.duplicates += 1
@@ -406,8 +418,12 @@ class Aggregator:
                 posts = w.posts()
         if self._crash == "after-cells" and cells_written:
             os._exit(17)  # test hook: cells written, count-cache and offsets not
-        changed = self._sync_aggregates(list(posts))
+        changed = self._sync_aggregates([*posts, *(w.refresh - posts.keys())])
         self._sync_likers(w.likers)
+        due = self.clock() + self.s.agg_remote_recheck_s
+        for p in w.refresh:
+            self.recheck[p] = due
+            self.recheck.move_to_end(p)
         if self._crash == "after-cache" and cells_written:
             os._exit(17)
         self._purge(changed)

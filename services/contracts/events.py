@@ -17,6 +17,13 @@ UNVOIDED = "likes.unvoided"
 DEAD_LETTER = "likes.dead-letter"
 EVENT_TOPICS = (COMMITTED, VOIDED, UNVOIDED)
 
+
+def mirrored(peer_region: str, topic: str) -> str:
+    """A peer region's topic as MirrorMaker 2 names it here (DefaultReplicationPolicy, the
+    source cluster's alias = the peer's region: infra/kafka.py `_mirror`)."""
+    return f"{peer_region}.{topic}"
+
+
 Action = Literal["like", "unlike", "void", "unvoid"]
 
 

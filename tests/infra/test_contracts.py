@@ -487,6 +487,25 @@ def test_the_program_creates_exactly_the_codes_topics(
     assert {*agg.source_topics, agg.dead_letter_topic} == created
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_aggregator_consumes_every_topic_mirrormaker_brings_here(
+    plans: dict[str, plan.Plan], stack: str, build_settings: Callable[..., Settings]
+) -> None:
+    # review D3: MirrorMaker 2 mirrored the peers' events into <peer>.likes.*, read by nothing
+    p = plans[stack]
+    agg = build_settings(workloads.AGGREGATOR, likes_env(container_of(p, workloads.AGGREGATOR)))
+    assert isinstance(agg, AggregatorSettings)
+    brought: set[str] = set()
+    for mm2 in by_kind(p, "KafkaMirrorMaker2"):
+        for m in mm2.inputs["spec"]["mirrors"]:
+            pattern = re.compile(m["topicsPattern"])
+            alias = m["source"]["alias"]  # DefaultReplicationPolicy: "<source alias>.<topic>"
+            brought |= {f"{alias}.{t}" for t in events.EVENT_TOPICS if pattern.fullmatch(t)}
+    assert set(agg.mirrored_topics) == brought
+    if stack.startswith("prod-"):
+        assert brought, f"{stack} has a peer region: something must be mirrored"
+
+
 # -- (g) Redis: the idem-store is a cluster on both sides; AUTH everywhere (C3) -----------------
 class _RecordingCluster(RedisCluster):
     """A RedisCluster that records how it was built instead of connecting."""

@@ -34,7 +34,7 @@ from services.aggregator.core import cell_region
 from services.aggregator.main import build
 from services.aggregator.purge import RecordingPurger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
-from services.contracts import clients, events, keys, topics
+from services.contracts import bloom, clients, events, keys, topics
 from tests.conftest import REPO, Stack
 
 pytestmark = pytest.mark.stack
@@ -313,6 +313,56 @@ def test_partitions_added_mid_stream_lose_no_like(
     for p in posts:
         assert sum(v[0] for v in cells(session, p).values()) == 23
     wait_all(admin.delete_topics(own))
+
+
+def test_a_peer_regions_mirrored_events_refresh_counts_and_filters_without_counting(
+    base_settings: AggregatorSettings, producer: Producer, serialize: Any, session: Session,
+    rc: RedisCluster,
+) -> None:  # fmt: skip
+    # review D3: the aggregate was rewritten only by a LOCAL event, so region A showed region B's
+    # likes only after A's next local like (or the 7-day TTL), and B's likers' filters in A said
+    # a definite "no"; the mirrored topics were consumed by nothing
+    peer = f"zz{uuid.uuid4().hex[:6]}"
+    s = base_settings.model_copy(
+        update={"agg_group_id": f"agg-{peer}", "agg_peer_regions": peer,
+                "agg_remote_recheck_s": 3.0},
+    )  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
+    wait_all(admin.create_topics([NewTopic(t, 1, 1) for t in s.mirrored_topics]))
+    mirrored = events.mirrored(peer, events.COMMITTED)
+    post, late = f"post-{uuid.uuid4()}", f"post-{uuid.uuid4()}"
+    liker = f"u-{uuid.uuid4().hex[:8]}"
+    rc.set(keys.bloom_key(liker), bloom.build([], capacity=32), ex=600)  # a filter here
+
+    def peer_cell(p: str, value: int) -> None:  # as the peer's Scylla DC replicates it here
+        session.execute(
+            "INSERT INTO counter_cells (post_id, region, shard, value, applied_window, "
+            "reactions, updated_at) VALUES (%s, %s, 0, %s, 100, {'like': %s}, toTimestamp(now()))",
+            (p, f"{peer}#0", value, value),
+        )
+
+    try:
+        with running(s):
+            produce(producer, [msg(serialize, like(post))])  # one local like
+            wait_for(counted(rc, post, 1), what="the local like")
+            peer_cell(post, 5)
+            remote = events.LikeEvent.new(
+                intent_uuid=str(uuid.uuid4()), user_id=liker, post_id=post, action="like",
+                reaction="like", delta=1, region=peer, shard=0,
+            )  # fmt: skip
+            produce(producer, [msg(serialize, remote, mirrored)])
+            wait_for(counted(rc, post, 6), what="the peer's cells in the aggregate")
+            # the peer's event for a post whose cell replicates only after the event arrived
+            produce(producer, [msg(serialize, like(late, region=peer), mirrored)])
+            time.sleep(1.5)
+            peer_cell(late, 2)
+            wait_for(counted(rc, late, 2), timeout=20, what="the recheck after a late replica")
+        f = bloom.fetch(rc, liker)
+        assert f is not None and post in f  # has_liked here says "maybe", not a false "no"
+        local = {k: v[0] for k, v in cells(session, post).items() if not k[0].startswith(peer)}
+        assert sum(local.values()) == 1  # the peer's event was not counted into our cells
+    finally:
+        wait_all(admin.delete_topics(s.mirrored_topics))
 
 
 def wait_all(futures: dict[str, Any]) -> None:
