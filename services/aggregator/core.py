@@ -172,6 +172,12 @@ class PartitionDedup:
         self._evict()
         return False
 
+    def horizon_ms(self) -> int:
+        """How far back (message time) the set remembers: newest minus oldest held."""
+        if not self._seen:
+            return 0
+        return self._newest_ts - next(iter(self._seen.values()))
+
     def _evict(self) -> None:
         floor = self._newest_ts - self.max_age_ms
         while self._seen:

@@ -73,3 +73,9 @@ LAG = Gauge(
 )
 ASSIGNED = Gauge("likes_aggregator_assigned_partitions", "Partitions assigned to this consumer")
 DEDUP_SIZE = Gauge("likes_aggregator_dedup_entries", "Intents held in the dedup sets")
+DEDUP_HORIZON = Gauge(
+    "likes_aggregator_dedup_horizon_seconds",
+    "Message time between the oldest and newest intent a partition's dedup set holds: a "
+    "duplicate publication older than this counts twice (below HOLD_S: raise the capacity)",
+    ["topic", "partition"],
+)

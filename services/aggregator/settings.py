@@ -19,9 +19,17 @@ class AggregatorSettings(Settings):
     agg_window_ms: int = int(convergence.AGG_WINDOW_S * 1000)
     agg_window_max_events: int = 200_000  # flush early: bounds a catch-up window's memory
     agg_window_max_stretch_ms: int = 10_000  # back-pressure: a slow flush lengthens windows
-    # dedup bound, per partition: the last `capacity` distinct intents no older than `max_age`
-    agg_dedup_capacity: int = 100_000
-    agg_dedup_max_age_s: int = 3600
+    # Dedup bound, per partition: intents no older than `agg_dedup_horizon_s` (by message time),
+    # at most `agg_dedup_capacity` of them. Duplicate publications (the writer's late ack and the
+    # relay's republish, contracts/convergence.py) arrive within HOLD_S; the horizon is twice
+    # that. The capacity is sized from the partition's peak rate, so the count bound never cuts
+    # the horizon short (review D4: 100 k intents were ~16 s of a hot partition, less than the
+    # relay's republish horizon). A duplicate later than the horizon counts twice: the
+    # reconciler (`likes recount`) repairs it, and likes_aggregator_dedup_horizon_seconds shows
+    # the horizon each partition really holds.
+    agg_dedup_horizon_s: float = 2 * convergence.HOLD_S
+    agg_dedup_peak_rate: int = 6000  # events/s of the hottest partition (a split viral post)
+    agg_dedup_capacity: int = 0  # 0: peak_rate x horizon
     agg_cell_cache_size: int = 500_000
     agg_poison_attempts: int = 3
     agg_store_concurrency: int = 64
@@ -56,6 +64,10 @@ class AggregatorSettings(Settings):
         ):
             raise ValueError("cloudflare purger needs LIKES_CLOUDFLARE_ZONE_ID and _API_TOKEN")
         return self
+
+    @property
+    def dedup_capacity(self) -> int:
+        return self.agg_dedup_capacity or int(self.agg_dedup_peak_rate * self.agg_dedup_horizon_s)
 
     def topic(self, name: str) -> str:
         return self.agg_topic_prefix + name

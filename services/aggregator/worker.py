@@ -207,7 +207,7 @@ class Aggregator:
         """Start each partition `capacity` messages before its committed offset: those are
         re-read into the dedup set only, so it is the same set the previous owner had."""
         committed = consumer.committed(partitions, timeout=30)
-        n = self.s.agg_dedup_capacity
+        n = self.s.dedup_capacity
         for tp in committed:
             lo, hi = consumer.get_watermark_offsets(tp, timeout=10)
             if tp.offset == OFFSET_INVALID or tp.offset < 0:
@@ -215,7 +215,7 @@ class Aggregator:
             else:
                 start = max(tp.offset, lo)
             self.parts[(tp.topic, tp.partition)] = PartitionState(
-                PartitionDedup(n, self.s.agg_dedup_max_age_s * 1000), warm_until=start
+                PartitionDedup(n, int(self.s.agg_dedup_horizon_s * 1000)), warm_until=start
             )
             tp.offset = max(lo, start - n)
         consumer.assign(committed)
@@ -250,6 +250,8 @@ class Aggregator:
             self.parts.pop(tp, None)
             with contextlib.suppress(KeyError):
                 metrics.LAG.remove(tp[0], str(tp[1]))
+            with contextlib.suppress(KeyError):
+                metrics.DEDUP_HORIZON.remove(tp[0], str(tp[1]))
         for c in [c for c, (tp, _) in self.cells.items() if tp in gone]:
             del self.cells[c]
         metrics.ASSIGNED.set(len(self.parts))
@@ -285,6 +287,10 @@ class Aggregator:
             if st is not None:
                 metrics.LAG.labels(tp[0], str(tp[1])).set(max(0, now - st.last_ts_ms) / 1000)
         metrics.DEDUP_SIZE.set(sum(len(p.dedup) for p in self.parts.values()))
+        for tp in touched:
+            st = self.parts.get(tp)
+            if st is not None:
+                metrics.DEDUP_HORIZON.labels(tp[0], str(tp[1])).set(st.dedup.horizon_ms() / 1000)
 
     def _handle(self, m: Message, tp: TP) -> None:
         st = self.parts[tp]
