@@ -87,6 +87,14 @@ class AggregateWriter:
     def refresh(self) -> None:
         self.rc.nodes_manager.initialize()
 
+    def epoch(self) -> int:
+        """The cluster's current epoch as one node sees it: every failover raises it."""
+        raw = self.rc.execute_command("CLUSTER INFO", target_nodes=RedisCluster.RANDOM)
+        if isinstance(raw, dict):
+            return int(raw["cluster_current_epoch"])
+        fields = dict(line.split(":", 1) for line in str(raw).splitlines() if ":" in line)
+        return int(fields["cluster_current_epoch"])
+
     def write_many(
         self,
         items: Sequence[tuple[str, int, int, Mapping[str, int], int, Mapping[int, int]]],

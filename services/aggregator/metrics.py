@@ -58,6 +58,11 @@ CACHE_DROPPED = Counter(
     "or the reconciler; Bloom adds: a has_liked 'no' possible until the filter's TTL)",
     ["what"],
 )
+CACHE_REDRIVES = Counter(
+    "likes_aggregator_cache_redrives_total",
+    "Count-cache failovers seen (its epoch moved): the last REDRIVE_S of aggregates and Bloom "
+    "adds were written again, since asynchronous replication may have lost them",
+)
 PURGED = Counter("likes_aggregator_cdn_purged_total", "Surrogate keys purged")
 PURGE_FAILURES = Counter("likes_aggregator_cdn_purge_failures_total", "Failed CDN purge calls")
 DLQ = Counter("likes_aggregator_dead_letter_total", "Messages sent to the dead-letter topic")

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +59,7 @@ from services.aggregator.purge import Purger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
 from services.aggregator.store import CellRow, CounterStore, Plan, PoisonPosts, StoreError
 from services.common.worker_http import LoopHealth
-from services.contracts import bloom, clients
+from services.contracts import bloom
 from services.contracts.events import LikeEvent
 
 log = logging.getLogger("aggregator")
@@ -67,6 +67,12 @@ log = logging.getLogger("aggregator")
 MAX_CAS_ROUNDS = 20
 UNSYNCED_MAX = 100_000  # held cache writes per kind (posts; (user, post) Bloom adds)
 RETRY_CHUNK = 5_000  # held posts retried per window: a long outage must not make windows slow
+# A count-cache failover may lose the writes its replica had not received yet (asynchronous
+# replication; the seed: "5 s of recent INCRs may be lost"). The worker watches the cluster epoch
+# and, when it moves, writes the last REDRIVE_S of aggregates and Bloom adds again (review D6).
+# The window covers node timeout + election + the 1 s watch with room to spare.
+REDRIVE_S = 30.0
+REDRIVE_MAX_LIKERS = 200_000
 # what the loop can be stuck retrying (a /readyz check each)
 REGISTRY = "schema-registry"
 WINDOW_FLUSH = "window-flush"
@@ -81,11 +87,6 @@ def _is_transient(e: BaseException) -> bool:
         return e.http_status_code >= 500 or e.http_status_code in (408, 429)
     # httpx (or httpx2) TransportError: the registry is unreachable
     return isinstance(e, OSError) or any(c.__name__ == "TransportError" for c in type(e).__mro__)
-
-
-def _is_cache_fault(e: BaseException) -> bool:
-    """A count-cache failure (a Redis error, OOM, a node down): never a reason to stall."""
-    return isinstance(e, (*clients.REDIS_ERRORS, OSError))
 
 
 def _hold(held: OrderedDict[Any, None], items: Iterable[Any], what: str) -> None:
@@ -145,6 +146,10 @@ class Aggregator:
         self.unsynced_likers: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.clock = clock
         self._held_retried_at = 0.0
+        # what each recent window wrote to the count-cache, to re-drive after a failover
+        self.recent: deque[tuple[float, frozenset[str], frozenset[tuple[str, str]]]] = deque()
+        self._epoch: int | None = None
+        self._epoch_checked_at = 0.0
         self._base = {t: t[len(settings.agg_topic_prefix) :] for t in settings.source_topics}
         self._mirrored = set(settings.mirrored_topics)
         # posts to re-read once more after a peer's event (its cells may replicate after it)
@@ -182,10 +187,48 @@ class Aggregator:
         self.loop.turned()
         msgs = self.consumer.consume(num_messages=1000, timeout=timeout)
         self._handle_batch(msgs)
+        self._watch_failover()
         if self.windower.due():
             self._flush_with_retry(self.windower.take())
         elif self.unsynced_posts or self.unsynced_likers or self.recheck:
             self._retry_held()
+
+    def _watch_failover(self) -> None:
+        now = self.clock()
+        if now - self._epoch_checked_at < 1.0:
+            return
+        self._epoch_checked_at = now
+        try:
+            epoch = self.cache.epoch()
+        except Exception:
+            return  # unreachable: the writes themselves fail and are held
+        moved = self._epoch is not None and epoch != self._epoch
+        self._epoch = epoch
+        if not moved:
+            return
+        while self.recent and self.recent[0][0] < now - REDRIVE_S:
+            self.recent.popleft()
+        posts = set().union(*(r[1] for r in self.recent)) if self.recent else set()
+        likers = set().union(*(r[2] for r in self.recent)) if self.recent else set()
+        metrics.CACHE_REDRIVES.inc()
+        log.warning("count-cache failover: re-driving recent writes",
+                    extra={"fields": {"epoch": epoch, "posts": len(posts),
+                                      "likes": len(likers)}})  # fmt: skip
+        with contextlib.suppress(Exception):
+            self.cache.refresh()
+        try:
+            self._purge(self._sync_aggregates(sorted(posts)))
+            self._sync_likers(likers)
+        except Exception as e:  # the counter-store: the posts' next events repair them
+            log.warning("re-drive failed", extra={"fields": {"error": str(e)}})
+
+    def _remember(self, posts: set[str], likers: set[tuple[str, str]]) -> None:
+        now = self.clock()
+        self.recent.append((now, frozenset(posts), frozenset(likers)))
+        while self.recent and self.recent[0][0] < now - REDRIVE_S:
+            self.recent.popleft()
+        while sum(len(r[2]) for r in self.recent) > REDRIVE_MAX_LIKERS and len(self.recent) > 1:
+            self.recent.popleft()  # the filters' TTL bounds what is lost beyond this
 
     def _retry_held(self) -> None:
         """Held cache writes, retried once a window even when no event arrives."""
@@ -204,20 +247,35 @@ class Aggregator:
 
     # -- rebalance ----------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[KTP]) -> None:
-        """Start each partition `capacity` messages before its committed offset: those are
-        re-read into the dedup set only, so it is the same set the previous owner had."""
+        """Start each partition a dedup horizon before its committed offset: those messages
+        are re-read into the dedup set only, so it holds what the previous owner's held.
+
+        "A horizon before" is found by time (the first offset at now - 2 x horizon: the last
+        minute or so of a caught-up partition, a few messages of a cold one) and bounded by the
+        capacity; a group lagging further than that re-reads `capacity` messages."""
         committed = consumer.committed(partitions, timeout=30)
         n = self.s.dedup_capacity
+        horizon_ms = int(self.s.agg_dedup_horizon_s * 1000)
+        since = self.wall_ms() - 2 * horizon_ms
+        by_time = {
+            (t.topic, t.partition): t.offset
+            for t in consumer.offsets_for_times(
+                [KTP(tp.topic, tp.partition, since) for tp in committed], timeout=10
+            )
+        }
         for tp in committed:
             lo, hi = consumer.get_watermark_offsets(tp, timeout=10)
             if tp.offset == OFFSET_INVALID or tp.offset < 0:
                 start = lo if self.s.agg_auto_offset_reset == "earliest" else hi
             else:
                 start = max(tp.offset, lo)
+            recent = by_time.get((tp.topic, tp.partition), -1)
+            recent = hi if recent < 0 else recent  # nothing that young: none to remember
+            warm_from = max(lo, start - n, recent) if recent <= start else max(lo, start - n)
             self.parts[(tp.topic, tp.partition)] = PartitionState(
-                PartitionDedup(n, int(self.s.agg_dedup_horizon_s * 1000)), warm_until=start
+                PartitionDedup(n, horizon_ms), warm_until=start
             )
-            tp.offset = max(lo, start - n)
+            tp.offset = warm_from
         consumer.assign(committed)
         metrics.ASSIGNED.set(len(self.parts))
         ranges = [
@@ -426,6 +484,7 @@ class Aggregator:
             os._exit(17)  # test hook: cells written, count-cache and offsets not
         changed = self._sync_aggregates([*posts, *(w.refresh - posts.keys())])
         self._sync_likers(w.likers)
+        self._remember({*posts, *w.refresh}, w.likers)
         due = self.clock() + self.s.agg_remote_recheck_s
         for p in w.refresh:
             self.recheck[p] = due
@@ -471,9 +530,8 @@ class Aggregator:
             rows = self.store.read_posts(batch)  # raises: retry the window (cells are the record)
             try:
                 changed += self._write_aggregates(batch, rows)
-            except Exception as e:
-                if not _is_cache_fault(e):
-                    raise
+            except Exception as e:  # anything the cache raises (mid-failover, a slot map in
+                # flux can fail inside the client): the cells are the record, so hold and go on
                 metrics.CACHE_FAULTS.labels("aggregate").inc()
                 log.warning("count-cache refused the aggregates; held for a later window",
                             extra={"fields": {"posts": len(batch), "error": str(e)}})  # fmt: skip
@@ -493,9 +551,7 @@ class Aggregator:
             return
         try:
             bloom.add_many(self.cache.rc, todo)
-        except Exception as e:
-            if not _is_cache_fault(e):
-                raise
+        except Exception as e:  # as for aggregates: never a reason to stall
             metrics.CACHE_FAULTS.labels("bloom").inc()
             log.warning("count-cache refused the Bloom adds; held for the next window",
                         extra={"fields": {"likes": len(todo), "error": str(e)}})  # fmt: skip
