@@ -85,8 +85,9 @@ def baseline_app() -> Any:
 
 
 async def _worker(
-    host: str, port: int, requests: list[bytes], deadline: float, warm_until: float
-) -> list[float]:
+    host: str, port: int, requests: list[bytes], deadline: float, warm_until: float,
+    sent: set[int] | None = None,
+) -> list[float]:  # fmt: skip
     reader, writer = await asyncio.open_connection(host, port)
     latencies: list[float] = []
     i = random.randrange(len(requests))
@@ -96,6 +97,8 @@ async def _worker(
             if t0 >= deadline:
                 break
             writer.write(requests[i % len(requests)])
+            if sent is not None:
+                sent.add(i % len(requests))
             i += 1
             head = await reader.readuntil(b"\r\n\r\n")
             status = int(head[9:12])
@@ -116,23 +119,30 @@ async def _worker(
 
 
 async def _load(
-    host: str, port: int, requests: list[bytes], concurrency: int, duration: float, warmup: float
-) -> dict[str, float]:
+    host: str, port: int, requests: list[bytes], concurrency: int, duration: float, warmup: float,
+    record: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """Latencies after the warm-up; with `record`, also the indices of every request sent (all
+    answered 2xx, or the run fails)."""
     start = time.perf_counter()
     warm_until = start + warmup
     deadline = warm_until + duration
+    sent: set[int] | None = set() if record else None
     parts = await asyncio.gather(
-        *(_worker(host, port, requests, deadline, warm_until) for _ in range(concurrency))
+        *(_worker(host, port, requests, deadline, warm_until, sent) for _ in range(concurrency))
     )
     lat = sorted(x for p in parts for x in p)
-    if not lat:
-        return {"rps": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"), "n": 0}
-    return {
-        "rps": len(lat) / duration,
-        "p50_ms": statistics.median(lat) * 1000,
-        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
-        "n": len(lat),
-    }
+    out: dict[str, Any] = {"rps": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"), "n": 0}
+    if lat:
+        out = {
+            "rps": len(lat) / duration,
+            "p50_ms": statistics.median(lat) * 1000,
+            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+            "n": len(lat),
+        }
+    if sent is not None:
+        out["sent"] = sorted(sent)
+    return out
 
 
 def loadgen_main(spec: dict[str, Any]) -> None:
@@ -145,14 +155,16 @@ def loadgen_main(spec: dict[str, Any]) -> None:
             spec["concurrency"],
             spec["duration"],
             spec["warmup"],
+            spec.get("record", False),
         )
     )
     print(json.dumps(out))
 
 
 def run_load(
-    port: int, requests: list[bytes], concurrency: int, duration: float, warmup: float
-) -> dict[str, float]:
+    port: int, requests: list[bytes], concurrency: int, duration: float, warmup: float,
+    record: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     spec = {
         "host": "127.0.0.1",
         "port": port,
@@ -160,6 +172,7 @@ def run_load(
         "concurrency": concurrency,
         "duration": duration,
         "warmup": warmup,
+        "record": record,
     }
     proc = subprocess.run(
         [sys.executable, __file__, "--loadgen"],
@@ -170,7 +183,7 @@ def run_load(
     )
     if proc.returncode != 0:
         raise RuntimeError(f"the load generator failed:\n{proc.stderr[-2000:]}")
-    result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 

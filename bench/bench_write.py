@@ -1,22 +1,29 @@
-"""Write service throughput and p99 to 202, against a one-idem-store-GET+SET baseline.
+"""Write service throughput and p99 against a bare client doing the same store work.
 
     LIKES_HOME=... LIKES_PORT_OFFSET=... .venv/bin/python bench/bench_write.py \
         [--concurrency 16] [--duration 10]
 
-Needs a running local stack (`likes local up`). Serves, each with uvicorn in its own process:
-  1. the baseline: a bare ASGI app doing what any idempotent write must do at the least — one
-     GET and one SET EX on the idem-store — and answering 202;
-  2. the write service (`services.write.main:create_app`): idem GET, the conditional edge/outbox
-     BATCH (one Paxos round), the Kafka publish with acks=all, the idem SET.
-Every request is a distinct like (its own user, post and Idempotency-Key): no replays. The load
-generator is bench_read's (a separate process, minimal keep-alive HTTP/1.1 client). Prints
-accepted likes/s, p50, p99 and the ratios to the baseline. No assertions.
+Needs a running local stack (`likes local up`). Runs, on the same stack, one after the other:
+  1. the baseline (issue 10's table): a bare asyncio client, in this process, doing per like
+     exactly the store work the write path must do: idem GET, the relay marker, the conditional
+     intent + edge + outbox BATCH (the write service's own prepared statements), the publish with
+     acks=all awaited, idem SET. No HTTP, no JWT, no validation;
+  2. the write service (`services.write.main:create_app` under uvicorn, the stack's rendered env),
+     driven over HTTP with RS256 tokens from the stack's issuer by bench_read's load generator (a
+     separate process). No gateway.
+Every like is distinct (its own user; 500 posts). At the end every like the service accepted must
+be a liked edge, and every bench post's count must converge to its distinct likers (the one
+definition in services/contracts/convergence.py). Prints likes/s, p50, p99, and one JSON line:
+{"baseline": {...}, "write": {...}, "ratio": write/baseline likes/s, "exact": true|false}.
+No assertions: a benchmark reports.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -29,58 +36,144 @@ sys.path.insert(0, str(REPO))
 from bench.bench_read import post_json, run_load, serve  # noqa: E402
 
 
-def baseline_app() -> Any:
-    """One idem-store GET and one SET EX per request, then 202."""
-    import redis.asyncio as aredis
+async def baseline(settings: Any, users: list[str], posts: list[str], concurrency: int,
+                   duration: float, warmup: float) -> dict[str, float]:  # fmt: skip
+    """The write path's store work per like, with no service around it."""
+    import statistics
+    import time
+    from datetime import UTC, datetime
 
-    from services.contracts.settings import Settings
+    from cassandra.query import BatchStatement, BatchType, ConsistencyLevel
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    r = aredis.Redis.from_url(Settings().idem_store_url)
+    from services.contracts import clients, events, keys
+    from services.read.stores import _aio
+    from services.write.core import Publisher, Statements, outbox_shard
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["path"] == "/healthz":
-            body = b'{"status":"ok"}'
-            status = 200
-        else:
-            while (await receive()).get("more_body"):
-                pass
-            key = "bench:" + dict(scope["headers"]).get(b"idempotency-key", b"").decode()
-            if await r.get(key) is None:
-                await r.set(key, b'{"state":"liked"}', ex=600)
-            body, status = b'{"state":"liked"}', 202
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())],
-            }
+    cluster, session = clients.cassandra(settings)
+    q = Statements(session)
+    idem = RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in settings.idem_store_startup],
+        password=settings.redis_auth,
+    )
+    publisher = Publisher(clients.producer(settings))
+    serialize = clients.like_serializer(clients.schema_registry(settings))
+    loop = asyncio.get_running_loop()
+
+    async def one(user: str, post: str) -> None:
+        intent = uuid.uuid4()
+        key = keys.idem_key(user, post, str(intent))
+        if await idem.get(key) is not None:
+            return
+        event = events.LikeEvent.new(
+            intent_uuid=str(intent), user_id=user, post_id=post, action="like",
+            reaction="like", delta=1, region=settings.region, shard=0,
         )  # fmt: skip
-        await send({"type": "http.response.body", "body": body})
+        payload = serialize(event, SerializationContext(events.COMMITTED, MessageField.VALUE))
+        assert payload is not None
+        now = datetime.now(UTC)
+        bucket, oshard, event_id = int(now.timestamp() // 60), outbox_shard(user), event.event_id
+        marker = (bucket, oshard, now, uuid.UUID(event_id), user)
+        await _aio(session.execute_async(q.marker, marker))
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED,
+                               serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL)  # fmt: skip
+        batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        batch.add(q.intent, (user, str(intent), "liked", intent, now, post))
+        batch.add(q.to_liked, ("like", now, intent, user, post))
+        batch.add(q.outbox, (user, event_id, post, events.COMMITTED, post, payload, now, intent))
+        await _aio(session.execute_async(batch))
+        await asyncio.wrap_future(publisher.publish(events.COMMITTED, post, payload), loop=loop)
+        await idem.set(key, '{"state":"liked"}', ex=600)
 
-    return app
+    start = time.perf_counter()
+    warm_until, deadline = start + warmup, start + warmup + duration
+    lat: list[float] = []
+    it = iter(zip(users, posts, strict=True))
+
+    async def worker() -> None:
+        for user, post in it:
+            t0 = time.perf_counter()
+            if t0 >= deadline:
+                return
+            await one(user, post)
+            if t0 >= warm_until:
+                lat.append(time.perf_counter() - t0)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        publisher.close()
+        await idem.aclose()
+        cluster.shutdown()
+    lat.sort()
+    return {
+        "rps": len(lat) / duration,
+        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else float("nan"),
+        "n": len(lat),
+    }
 
 
-def like_requests(n: int, run: str) -> list[bytes]:
+POSTS = 500
+
+
+def like_requests(n: int, run: str) -> tuple[list[bytes], list[tuple[str, str]]]:
+    """n distinct likes as raw HTTP requests, and their (user, post)."""
     from local import layout, transforms
 
     lay = layout.from_env()
-    out = []
+    out, pairs = [], []
     for i in range(n):
-        tok = transforms.sign_token(lay, f"bench-{run}-u{i}")
-        req = post_json("/v1/likes", {"post_id": f"bench-{run}-p{i % 500}", "action": "like"})
+        user, post = f"bench-{run}-u{i}", f"bench-{run}-p{i % POSTS}"
+        tok = transforms.sign_token(lay, user)
+        req = post_json("/v1/likes", {"post_id": post, "action": "like"})
         head, _, body = req.partition(b"\r\n\r\n")
         extra = f"\r\nAuthorization: Bearer {tok}\r\nIdempotency-Key: {uuid.uuid4()}"
         out.append(head + extra.encode() + b"\r\n\r\n" + body)
-    return out
+        pairs.append((user, post))
+    return out, pairs
+
+
+def settings_from(env: dict[str, str]) -> Any:
+    """The write service's Settings, built from exactly its env."""
+    from services.contracts.settings import Settings
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        return Settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def exact(settings: Any, liked: list[tuple[str, str]], read_url: str) -> tuple[bool, str]:
+    """Every accepted like is a liked edge, and every post's count converges to its likers."""
+    from collections import Counter
+
+    from services.client import LikesClient
+    from services.contracts import clients, convergence
+
+    cluster, session = clients.cassandra(settings, request_timeout=10.0)
+    try:
+        q = session.prepare(
+            "SELECT state FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+        )
+        missing = [
+            p for p in liked if (r := session.execute(q, p).one()) is None or r.state != "liked"
+        ]
+    finally:
+        cluster.shutdown()
+    if missing:
+        return False, f"{len(missing)} accepted likes have no liked edge, e.g. {missing[:3]}"
+    truth = Counter(post for _u, post in liked)
+    api = LikesClient(write_url="", read_url=read_url)
+    result = convergence.wait_converged(
+        lambda: {p: api.count(p)["count"] for p in truth}, dict(truth), timeout_s=120
+    )
+    return result.converged, str(result)
 
 
 def main() -> None:
@@ -89,58 +182,49 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--requests", type=int, default=20000, help="distinct likes prepared")
-    ap.add_argument("--port", type=int, default=18580, help="baseline port; the service's is +1")
+    ap.add_argument("--port", type=int, default=18581, help="the write service's port")
     args = ap.parse_args()
 
     from local import layout, transforms
 
     lay = layout.from_env()
+    procs_by_name = {p.workload.name: p for p in transforms.processes(lay, lay.stack, check=False)}
     # the write service's env exactly as the stack runs it (its rendered spec, transformed)
-    proc = next(
-        p for p in transforms.processes(lay, lay.stack, check=False) if p.workload.name == "write"
-    )
-    env = {**proc.env, "LIKES_LOG_LEVEL": "WARNING"}
-    uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log"]
-    uvicorn += ["--log-level", "warning", "--factory"]
-    base_port, write_port = args.port, args.port + 1
+    env = {**procs_by_name["write"].env, "LIKES_LOG_LEVEL": "WARNING"}
+    settings = settings_from(env)
     run = uuid.uuid4().hex[:8]
-    # the requests cycle if the service outruns them: size --requests above rate x duration
-    base_reqs, write_reqs = (
-        like_requests(args.requests, run),
-        like_requests(args.requests, run + "w"),
+
+    print("baseline: bare asyncio client, same store work per like ...", flush=True)
+    users = [f"bench-{run}-b{i}" for i in range(args.requests)]
+    posts = [f"bench-{run}-bp{i % POSTS}" for i in range(args.requests)]
+    base = asyncio.run(
+        baseline(settings, users, posts, args.concurrency, args.duration, args.warmup)
     )
-    procs = []
-    results: list[tuple[str, dict[str, float]]] = []
+    print(f"{'baseline: store work':28s} {base['rps']:8.0f} likes/s  p50 {base['p50_ms']:7.2f} ms"
+          f"  p99 {base['p99_ms']:7.2f} ms", flush=True)  # fmt: skip
+
+    reqs, pairs = like_requests(args.requests, run)
+    uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log"]
+    uvicorn += ["--log-level", "warning", "--factory", "--port", str(args.port)]
+    proc = serve([*uvicorn, "services.write.main:create_app"], env, args.port)
     try:
-        procs.append(serve([*uvicorn, "--port", str(base_port), "bench.bench_write:baseline_app"],
-                           env, base_port))  # fmt: skip
-        procs.append(
-            serve([*uvicorn, "--port", str(write_port), "services.write.main:create_app"],
-                  env, write_port)
-        )  # fmt: skip
-        for name, port, reqs in [
-            ("baseline: idem GET + SET", base_port, base_reqs),
-            ("write: POST /v1/likes", write_port, write_reqs),
-        ]:
-            r = run_load(port, reqs, args.concurrency, args.duration, args.warmup)
-            results.append((name, r))
-            print(f"{name:28s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f} ms  "
-                  f"p99 {r['p99_ms']:7.2f} ms", flush=True)  # fmt: skip
+        w = run_load(args.port, reqs, args.concurrency, args.duration, args.warmup, record=True)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    (_, base), (_, w) = results
-    print(f"\nconcurrency {args.concurrency}, {args.duration:.0f} s each, distinct likes")
-    print(
-        f"write service: {w['rps'] / base['rps']:5.2f}x the baseline's throughput, "
-        f"p50 {w['p50_ms'] / base['p50_ms']:5.2f}x, p99 {w['p99_ms'] / base['p99_ms']:5.2f}x"
-    )
-    print(json.dumps({"baseline": base, "write": w}))
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    sent = w.pop("sent")
+    print(f"{'write: POST /v1/likes':28s} {w['rps']:8.0f} likes/s  p50 {w['p50_ms']:7.2f} ms"
+          f"  p99 {w['p99_ms']:7.2f} ms", flush=True)  # fmt: skip
+    ok, why = exact(settings, [pairs[i] for i in sent], f"http://{layout.HOST}:{lay.ports.read}")
+    print(f"exact: {ok} ({len(sent)} likes sent; {why})")
+    ratio = w["rps"] / base["rps"] if base["rps"] else float("nan")
+    p99 = w["p99_ms"] / base["p99_ms"]
+    print(f"\nconcurrency {args.concurrency}, {args.duration:.0f} s each, distinct likes: "
+          f"{ratio:.2f}x the baseline's likes/s, p99 {p99:.2f}x")  # fmt: skip
+    print(json.dumps({"baseline": base, "write": w, "ratio": round(ratio, 3), "exact": ok}))
 
 
 if __name__ == "__main__":
