@@ -9,7 +9,9 @@ the same run, times
   1. a bare consumer reading and deserializing every message (the baseline), and
   2. the aggregator (dedup, windows, counter-store CAS, count-cache, purge, commit) from the first
      offset until its committed offsets reach the end of the topic,
-and prints events/s of both, their ratio, and events per counter-store write. No assertions.
+and prints events/s of both, their ratio, events per counter-store write (overall and for the
+viral post), whether every post's cells sum exactly to its events, and one JSON line with all of
+it. No assertions.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from __future__ import annotations
 import argparse
 import bisect
 import itertools
+import json
 import random
 import threading
 import time
 import uuid
+from collections import Counter
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -55,7 +59,8 @@ def settings_for(lay: layout.Layout, prefix: str) -> AggregatorSettings:
     )  # fmt: skip
 
 
-def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -> int:
+def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -> Counter[str]:
+    """Writes the stream; returns the number of events per post (the truth)."""
     rnd = random.Random(seed)
     cdf = zipf_cdf(posts, zipf)
     total = cdf[-1]
@@ -64,14 +69,14 @@ def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -
     ctx = SerializationContext(s.topic(events.COMMITTED), MessageField.VALUE)
     prod = clients.producer(s, **{"linger.ms": 20, "batch.num.messages": 10000})
     topic = s.topic(events.COMMITTED)
-    hot: set[str] = set()
+    truth: Counter[str] = Counter()
     for i in range(n):
         post = post_ids[bisect.bisect_left(cdf, rnd.random() * total)]
         e = events.LikeEvent.new(
             intent_uuid=str(uuid.uuid4()), user_id=f"u{i}", post_id=post, action="like",
             reaction=rnd.choice(("like", "like", "like", "love", "wow")), delta=1, region="local",
         )  # fmt: skip
-        hot.add(post)
+        truth[post] += 1
         while True:
             try:
                 prod.produce(topic, key=keys.kafka_key(post, 0).encode(), value=ser(e, ctx))
@@ -80,7 +85,7 @@ def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -
                 prod.poll(0.05)
         prod.poll(0)
     prod.flush(60)
-    return len(hot)
+    return truth
 
 
 def raw_consume(s: AggregatorSettings, n: int) -> float:
@@ -104,6 +109,16 @@ def raw_consume(s: AggregatorSettings, n: int) -> float:
     dt = time.perf_counter() - t0
     c.close()
     return dt
+
+
+def cells_match(s: AggregatorSettings, truth: Counter[str]) -> bool:
+    """Every post's cells sum to the events written for it."""
+    cluster, session = clients.cassandra(s, request_timeout=10.0)
+    try:
+        q = session.prepare("SELECT value FROM counter_cells WHERE post_id = ?")
+        return all(sum(r.value for r in session.execute(q, (p,))) == n for p, n in truth.items())
+    finally:
+        cluster.shutdown()
 
 
 def sample(name: str) -> float:
@@ -168,11 +183,12 @@ def main() -> None:
     topics.ensure(s.kafka_bootstrap, lay.kafka_brokers, specs)
     try:
         t0 = time.perf_counter()
-        distinct = produce(s, args.events, args.posts, args.zipf, args.seed)
-        print(f"produced {args.events} events over {distinct} posts (zipf s={args.zipf}, "
+        truth = produce(s, args.events, args.posts, args.zipf, args.seed)
+        print(f"produced {args.events} events over {len(truth)} posts (zipf s={args.zipf}, "
               f"{args.partitions} partitions) in {time.perf_counter() - t0:.1f}s")  # fmt: skip
         raw_s = raw_consume(s, args.events)
         agg_s, d = run_aggregator(s, args.events)
+        exact = cells_match(s, truth)
     finally:
         AdminClient({"bootstrap.servers": s.kafka_bootstrap}).delete_topics([x.name for x in specs])
     raw_rate = args.events / raw_s
@@ -186,7 +202,17 @@ def main() -> None:
           f"{d['likes_aggregator_store_batches_total']:.0f}, CAS conflicts "
           f"{d['likes_aggregator_cas_conflicts_total']:.0f})")  # fmt: skip
     print(f"count-cache writes      : {d['likes_aggregator_cache_writes_total']:10.0f}")
-    print(f"collapse factor         : {args.events / max(writes, 1):10.1f} events per cell write")
+    collapse = args.events / max(writes, 1)
+    print(f"collapse factor         : {collapse:10.1f} events per cell write")
+    # the viral post has one cell written per window at most: its events per cell write
+    viral = truth.most_common(1)[0][1] / max(d["likes_aggregator_windows_flushed_total"], 1)
+    print(f"viral post              : {viral:10.1f} events per cell write")
+    print(f"exact                   : {exact}")
+    print(json.dumps({
+        "raw_events_s": round(raw_rate), "aggregator_events_s": round(agg_rate),
+        "ratio": round(agg_rate / raw_rate, 3), "collapse": round(collapse, 1),
+        "viral_events_per_write": round(viral, 1), "exact": exact,
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":
