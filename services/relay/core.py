@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from cassandra.cluster import Session
+from cassandra.query import ConsistencyLevel
 from prometheus_client import Counter, Gauge
 
 from services.contracts import convergence
@@ -62,6 +63,11 @@ class OutboxRelay:
             "SELECT topic, payload, published, kafka_key FROM edges "
             "WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
         )
+        self.q_row_serial = p(
+            "SELECT topic, payload, published, kafka_key FROM edges "
+            "WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
+        )
+        self.q_row_serial.consistency_level = ConsistencyLevel.LOCAL_SERIAL
         self.q_del_row = p("DELETE FROM edges WHERE user_id = ? AND kind = 'outbox' AND ref = ?")
         self.q_del_marker = p(
             "DELETE FROM outbox_pending WHERE bucket = ? AND shard = ? AND created_at = ? "
@@ -93,6 +99,14 @@ class OutboxRelay:
                 for m in markers:
                     row = self.session.execute(self.q_row, (m.user_id, str(m.event_id))).one()
                     created = m.created_at.replace(tzinfo=UTC).timestamp()
+                    if row is None and now - created > self.stale_marker_s:
+                        # about to drop: a batch whose client saw a CAS timeout may still be an
+                        # accepted Paxos proposal that the next LWT on this user completes,
+                        # maybe hours later, when no marker is left (review D1). A SERIAL read
+                        # finishes any such round now: after it, the row exists or never will.
+                        row = self.session.execute(
+                            self.q_row_serial, (m.user_id, str(m.event_id))
+                        ).one()
                     if row is None or row.published:
                         # published and cleaned, or a batch that never applied (its client got
                         # a 503): drop the marker once no write can still be in flight
