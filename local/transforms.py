@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from local import issuer, rendered
 from local.components import kafka
 from local.layout import HOST, Layout
-from services.contracts import topics, workloads
+from services.contracts import etcd, topics, workloads
 from services.contracts.settings import UnknownVariable
 
 LOCAL_PARTITIONS = 6
@@ -95,9 +95,13 @@ SECRETS_FILE = "secrets.json"
 CLOUDFLARE_SINK = "cloudflare"  # the sink's receiver name for Cloudflare API calls
 # the secrets the program references, and how a first start makes a local value for each
 REDIS_AUTH = "redis-auth/password"
+ETCD_AUTH = f"{etcd.AUTH_SECRET}/{etcd.PASSWORD_KEY}"
+ETCD_ROOT = f"{etcd.ROOT_SECRET}/{etcd.PASSWORD_KEY}"  # the program's etcd-auth Job only
 _SECRET_MAKERS = {
     ("redis-auth", "password"): lambda: secrets.token_urlsafe(24),
     ("cdn-purge", "token"): lambda: secrets.token_urlsafe(24),
+    (etcd.AUTH_SECRET, etcd.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
+    (etcd.ROOT_SECRET, etcd.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
 }
 
 

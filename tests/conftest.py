@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aetcd
 import pytest
 
 from local import components, layout, supervisor, transforms
+from services.contracts import etcd
 from services.contracts.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,6 +125,17 @@ class Stack:
         from local.components import redis as redis_component
 
         return redis_component.password(self.layout)
+
+    @property
+    def etcd_credentials(self) -> etcd.Credentials:
+        """etcd requires a login (the program's etcd-auth secret, as played here)."""
+        from local.components import etcd as etcd_component
+
+        return etcd_component.credentials(self.layout)
+
+    def etcd(self, timeout: float = 2.0) -> aetcd.Client:
+        """A client of the stack's etcd, logged in as the services are."""
+        return etcd.client(self.host, self.etcd_port, self.etcd_credentials, timeout)
 
     @property
     def gateway_url(self) -> str:

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     schema_registry_url: str = "http://127.0.0.1:8081"
     etcd_host: str = "127.0.0.1"
     etcd_port: int = 2379
+    # the services' etcd user (auth is on); None: connect without credentials
+    etcd_user: str | None = None
+    etcd_password: SecretStr | None = None
 
     # Bearer JWTs are RS256/ES256, verified against the identity provider's JWKS; there is no
     # shared signing key anywhere (the local stack runs its own issuer, local/issuer.py).
@@ -88,7 +91,8 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = None  # tracing is off unless an exporter is configured
     log_level: str = "INFO"
 
-    # Fields that name another server: outside env=local each must be set, never defaulted.
+    # Fields that name another server or how to log in to it: outside env=local each must be
+    # set, never defaulted.
     ENDPOINTS: ClassVar[tuple[str, ...]] = (
         "count_cache_nodes",
         "idem_store_nodes",
@@ -99,7 +103,11 @@ class Settings(BaseSettings):
         "jwks_url",
         "jwt_issuer",
         "redis_password",
+        "etcd_user",
+        "etcd_password",
     )
+    # a user without its password (or the reverse) is a half-rendered secret, not "no auth"
+    LOGINS: ClassVar[tuple[tuple[str, str], ...]] = (("etcd_user", "etcd_password"),)
 
     @classmethod
     def settings_customise_sources(
@@ -138,6 +146,11 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"env={self.env} refuses local defaults; set {', '.join(missing)} "
                     "(the program renders them)"
+                )
+        for user, password in self.LOGINS:
+            if (getattr(self, user) is None) != (getattr(self, password) is None):
+                raise ValueError(
+                    f"set both {self.env_name(user)} and {self.env_name(password)}, or neither"
                 )
         return self
 

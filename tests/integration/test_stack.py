@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-import aetcd
+import aetcd.exceptions
 import httpx
 import pytest
 import redis
@@ -17,6 +17,9 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from redis.cluster import RedisCluster
 
+from local import transforms
+from services.contracts import etcd
+from services.schema import etcd_auth
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -91,7 +94,7 @@ def test_idem_store_is_aof_and_keeps_keys_across_a_restart(stack: Stack) -> None
 def test_etcd_put_get_watch(stack: Stack) -> None:
     async def go() -> None:
         prefix = f"/likes/test/{uuid.uuid4()}/".encode()
-        async with aetcd.Client(host=stack.host, port=stack.etcd_port) as client:
+        async with stack.etcd() as client:
             await client.put(prefix + b"a", b"1")
             got = await client.get(prefix + b"a")
             assert got is not None and got.value == b"1"
@@ -214,3 +217,41 @@ def test_every_local_redis_requires_the_stacks_password(stack: Stack) -> None:
         if name.startswith(("count-cache", "idem-store", "hot-pool")):
             cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
             assert stack.redis_password not in cmdline, name
+
+
+def test_etcd_requires_the_services_login_and_confines_it_to_the_platform_prefix(
+    stack: Stack,
+) -> None:
+    """The program's etcd runs with auth (its etcd-auth Job); so does the local one, so every
+    etcd client of ours logs in, in every test."""
+    key = f"{etcd.PREFIX}test/{uuid.uuid4()}".encode()
+
+    async def go() -> None:
+        for creds in (None, etcd.Credentials(etcd.SERVICE_USER, "guess")):
+            with pytest.raises(aetcd.exceptions.ClientError):
+                async with etcd.client(stack.host, stack.etcd_port, creds, 2) as c:
+                    await c.get(key)
+        async with stack.etcd() as c:
+            await c.put(key, b"1")
+            with pytest.raises(aetcd.exceptions.ClientError, match="permission denied"):
+                await c.put(b"/not-the-platforms/" + key, b"1")
+            await c.delete(key)
+
+    asyncio.run(go())
+    # a rerun of the bootstrap changes nothing: any change to etcd's auth store would make every
+    # running client's token stale
+    root = transforms.stack_secrets(stack.layout)[transforms.ETCD_ROOT]
+    rerun = etcd_auth.apply(stack.host, stack.etcd_port, root, stack.etcd_credentials)
+    assert asyncio.run(rerun) == []
+
+
+def test_no_secret_of_the_stack_is_on_any_command_line(stack: Stack) -> None:
+    """Passwords reach servers and workloads through files and env, never argv (/proc/*/cmdline
+    is readable by every user of the machine, or pod)."""
+    values = [v for v in transforms.stack_secrets(stack.layout).values() if len(v) >= 8]
+    assert values
+    status = stack.status()
+    assert all(s["pid"] for s in status.values())
+    for name, s in status.items():
+        cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
+        assert not [v for v in values if v in cmdline], name
