@@ -40,8 +40,9 @@ def credentials(settings: Settings) -> Credentials | None:
 
 
 def client(host: str, port: int, creds: Credentials | None, timeout: float) -> aetcd.Client:
-    """A client that authenticates on connect. Its token dies with an etcd restart (or 5 idle
-    minutes): every caller drops its client on an error and connects again, which logs in anew."""
+    """A client that logs in on connect. etcd drops its token when the user's password is
+    rewritten (the auth Job rotating it) and after 5 idle minutes: every caller drops its client
+    on an error and connects again, which logs in anew."""
     return aetcd.Client(
         host=host,
         port=port,

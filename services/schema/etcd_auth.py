@@ -4,8 +4,8 @@ enable`), the services' role (read/write on the platform's prefix, nothing else)
 
 Shared by the local stack's bootstrap and production's etcd-auth Job (`python -m
 services.schema.etcd_auth`, passwords from Secrets in its env, never in argv). When everything is
-already as wanted it changes nothing: every change to etcd's auth store makes every client's token
-stale ("revision of auth store is old"), so a rerun must not write.
+already as wanted it changes nothing; in particular it rewrites a password only when that password
+does not log in, since etcd drops every token of a user whose password is rewritten.
 """
 
 from __future__ import annotations
@@ -78,11 +78,15 @@ class _Setup:
             raise AuthSetupError(f"etcd login as {creds.user}: {e.details()}") from e
         return str(reply.token)
 
+    async def _can_login(self, creds: etcd.Credentials) -> bool:
+        try:
+            return await self._login(creds) is not None
+        except AuthSetupError:
+            return False
+
     async def _service_ok(self, service: etcd.Credentials) -> bool:
         """Auth is on and the service user logs in and holds exactly the wanted grant."""
-        try:
-            await self._login(service)
-        except AuthSetupError:
+        if not await self._can_login(service):
             return False
         user = await self._call("UserGet", rpc.AuthUserGetRequest(name=service.user))
         role = await self._call("RoleGet", rpc.AuthRoleGetRequest(role=etcd.SERVICE_ROLE))
@@ -100,7 +104,10 @@ class _Setup:
                 pass  # the role or user is missing: created below
         await self._ensure_user(etcd.ROOT_USER, root_password, ROOT_ROLE, login_ok=enabled)
         await self._ensure_role()
-        await self._ensure_user(service.user, service.password, etcd.SERVICE_ROLE, login_ok=False)
+        login_ok = enabled and await self._can_login(service)
+        await self._ensure_user(
+            service.user, service.password, etcd.SERVICE_ROLE, login_ok=login_ok
+        )
         if not enabled:
             await self._call("AuthEnable", rpc.AuthEnableRequest())
             self.changed.append("auth enable")

@@ -9,16 +9,18 @@ import uuid
 from pathlib import Path
 
 import aetcd.exceptions
+import grpc
 import httpx
 import pytest
 import redis
+from aetcd import rpc
 from cassandra.cluster import Cluster
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from redis.cluster import RedisCluster
 
 from local import transforms
-from services.contracts import etcd
+from services.contracts import etcd, keys
 from services.schema import etcd_auth
 from tests.conftest import Stack
 
@@ -255,3 +257,51 @@ def test_no_secret_of_the_stack_is_on_any_command_line(stack: Stack) -> None:
     for name, s in status.items():
         cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
         assert not [v for v in values if v in cmdline], name
+
+
+def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(
+    stack: Stack,
+) -> None:
+    """Rewriting a user's password (the auth Job rotating it) drops every token etcd issued to
+    that user: the running read service must log in again (it drops its client on an error) and
+    keep following the heat hints. A stray grant on the services' role is revoked by a rerun."""
+    post = f"relogin-{uuid.uuid4().hex[:8]}"
+    url = f"{stack.service_url('read')}/v1/posts/{post}/likes"
+    root = transforms.stack_secrets(stack.layout)[transforms.ETCD_ROOT]
+    creds = stack.etcd_credentials
+    key = f"{keys.HEAT_PREFIX}{post}".encode()
+
+    async def rotate_and_repair() -> list[str]:
+        async with stack.etcd() as before:
+            await before.get(key)  # logged in: holds a token
+            async with grpc.aio.insecure_channel(f"{stack.host}:{stack.etcd_port}") as ch:
+                stub = rpc.AuthStub(ch)
+                login = rpc.AuthenticateRequest(name=etcd.ROOT_USER, password=root)
+                md = (("token", (await stub.Authenticate(login)).token),)
+                stray = rpc.Permission(permType=rpc.Permission.READ, key=b"/stray/")
+                grant = rpc.AuthRoleGrantPermissionRequest(name=etcd.SERVICE_ROLE, perm=stray)
+                await stub.RoleGrantPermission(grant, metadata=md)
+                same = rpc.AuthUserChangePasswordRequest(name=creds.user, password=creds.password)
+                await stub.UserChangePassword(same, metadata=md)
+            with pytest.raises(aetcd.exceptions.ClientError, match="invalid auth token"):
+                await before.get(key)
+        repaired = await etcd_auth.apply(stack.host, stack.etcd_port, root, creds)
+        async with stack.etcd() as c:
+            await c.put(key, b"hot")
+        return repaired
+
+    try:
+        assert asyncio.run(rotate_and_repair()) == [f"role revoke {etcd.SERVICE_ROLE} b'/stray/'"]
+        deadline = time.monotonic() + 20
+        got = ""
+        while time.monotonic() < deadline and got != "public, max-age=5":
+            got = httpx.get(url, timeout=5).headers.get("cache-control", "")
+            time.sleep(0.3)
+        assert got == "public, max-age=5"  # the hint written after the rotation
+    finally:
+
+        async def clean() -> None:
+            async with stack.etcd() as c:
+                await c.delete(key)
+
+        asyncio.run(clean())
