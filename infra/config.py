@@ -34,6 +34,8 @@ SECRET_FIELDS = frozenset(
         "cdnPurgeToken",
         "etcdRootPassword",
         "etcdPassword",
+        "scyllaAdminPassword",
+        "scyllaPassword",
     }
 )
 # Any other key whose name looks like one of these is a secret put in the wrong place.
@@ -242,6 +244,9 @@ class StackConfig(_Model):
     redis_password: SecretStr
     etcd_root_password: SecretStr  # etcd's root user: the auth Job only
     etcd_password: SecretStr  # the services' etcd user
+    # the same value in every region of an environment: one multi-DC cluster, one set of roles
+    scylla_admin_password: SecretStr  # the schema Job's admin role
+    scylla_password: SecretStr  # the services' role
     # a Cloudflare API token allowed to purge the zone's cache by tag (the aggregator's purger)
     cdn_purge_token: SecretStr
     pagerduty_routing_key: SecretStr | None = None

@@ -13,6 +13,7 @@ from infra import k8s as kx
 from infra import observability
 from infra.config import ServiceScale
 from services.contracts import etcd, workloads
+from services.schema import cql_roles
 
 HTTP_PORT = workloads.HTTP_PORT
 METRICS_PORT = workloads.OPS_PORT
@@ -47,6 +48,7 @@ class ServicesArgs:
     redis_password: pulumi.Input[str]
     cdn_purge_token: pulumi.Input[str]
     etcd_password: pulumi.Input[str]
+    cassandra_password: pulumi.Input[str]
 
 
 def service_specs(
@@ -75,6 +77,7 @@ class Services(pulumi.ComponentResource):
             (AUTH_SECRET, {"password": args.redis_password}),
             (CDN_PURGE_SECRET, {"token": args.cdn_purge_token}),
             (etcd.AUTH_SECRET, {etcd.PASSWORD_KEY: args.etcd_password}),
+            (cql_roles.AUTH_SECRET, {cql_roles.PASSWORD_KEY: args.cassandra_password}),
         ):
             k8s.core.v1.Secret(
                 f"{name}-{secret}",

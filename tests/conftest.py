@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aetcd
 import pytest
+from cassandra.auth import PlainTextAuthProvider
 
 from local import components, layout, supervisor, transforms
 from services.contracts import etcd
@@ -125,6 +126,18 @@ class Stack:
         from local.components import redis as redis_component
 
         return redis_component.password(self.layout)
+
+    @property
+    def cassandra_login(self) -> tuple[str, str]:
+        """The services' role and password (the program's scylla-auth secret, as played here):
+        the local Cassandra refuses a session without a login."""
+        from local.components import cassandra as cassandra_component
+
+        return cassandra_component.service_login(self.layout)
+
+    @property
+    def cassandra_auth(self) -> PlainTextAuthProvider:
+        return PlainTextAuthProvider(*self.cassandra_login)
 
     @property
     def etcd_credentials(self) -> etcd.Credentials:

@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     cassandra_port: int = 9042
     cassandra_local_dc: str | None = None  # None: the driver's default (the first host's DC)
     cassandra_keyspace: str = "likes"
+    # the services' role (PasswordAuthenticator); None: connect without credentials
+    cassandra_user: str | None = None
+    cassandra_password: SecretStr | None = None
     kafka_bootstrap: str = "127.0.0.1:29092"
     schema_registry_url: str = "http://127.0.0.1:8081"
     etcd_host: str = "127.0.0.1"
@@ -103,11 +106,16 @@ class Settings(BaseSettings):
         "jwks_url",
         "jwt_issuer",
         "redis_password",
+        "cassandra_user",
+        "cassandra_password",
         "etcd_user",
         "etcd_password",
     )
     # a user without its password (or the reverse) is a half-rendered secret, not "no auth"
-    LOGINS: ClassVar[tuple[tuple[str, str], ...]] = (("etcd_user", "etcd_password"),)
+    LOGINS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("cassandra_user", "cassandra_password"),
+        ("etcd_user", "etcd_password"),
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -47,6 +47,7 @@ from redis.cluster import RedisCluster
 from starlette.routing import Match
 
 from infra import alert_rules, config, envoy_config, observability, plan, stackfile
+from infra import scylla as infra_scylla
 from infra import services as infra_services
 from operators.hotkeys import handlers
 from operators.hotkeys.policy import InvalidPolicy, Policy
@@ -54,7 +55,7 @@ from services.aggregator.settings import AggregatorSettings
 from services.common import worker_http
 from services.contracts import clients, etcd, events, routes, workloads
 from services.contracts.settings import Settings, UnknownVariable, parse_nodes
-from services.schema import etcd_auth
+from services.schema import cql_roles, etcd_auth, migrate
 from tests.infra.conftest import STACKS, by_kind, named
 
 # the `env` each stack's workloads must run under (never the local defaults)
@@ -645,6 +646,10 @@ def test_every_deployment_of_our_image_is_a_workload_whose_module_exists(
 # -- (h) logins of the internal servers: from Secrets, and enforced (issue 9) --------------------
 # (user field, password field) -> the user the program renders and the Secret holding the password
 LOGINS = {
+    ("cassandra_user", "cassandra_password"): (
+        cql_roles.SERVICE_ROLE,
+        SecretKey(cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY),
+    ),
     ("etcd_user", "etcd_password"): (
         etcd.SERVICE_USER,
         SecretKey(etcd.AUTH_SECRET, etcd.PASSWORD_KEY),
@@ -722,10 +727,7 @@ def test_the_etcd_auth_job_runs_the_applier_with_passwords_from_secrets(
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["python", "-m", etcd_auth.__name__]
     assert importlib.util.find_spec(etcd_auth.__name__) is not None
-    env: dict[str, str | SecretKey] = {}
-    for e in c["env"]:
-        ref = e.get("valueFrom", {}).get("secretKeyRef")
-        env[e["name"]] = SecretKey(ref["name"], ref["key"]) if ref else str(e["value"])
+    env = _job_env(c)
     ns = job["metadata"]["namespace"]
     root = env[etcd_auth.ROOT_PASSWORD_ENV]
     assert root == SecretKey(etcd.ROOT_SECRET, etcd.PASSWORD_KEY)
@@ -738,3 +740,57 @@ def test_the_etcd_auth_job_runs_the_applier_with_passwords_from_secrets(
     write = likes_env(container_of(p, workloads.WRITE))
     assert env[Settings.env_name("etcd_host")] == write[Settings.env_name("etcd_host")]
     assert env[Settings.env_name("etcd_port")] == write[Settings.env_name("etcd_port")]
+
+
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_the_cassandra_session_logs_in_with_the_rendered_role_and_password(
+    plans: dict[str, plan.Plan],
+    build_settings: Callable[..., Settings],
+    stack: str,
+    w: workloads.Workload,
+) -> None:
+    s = build_settings(w, likes_env(container_of(plans[stack], w)))
+    auth = clients.cassandra_auth(s)
+    assert auth is not None
+    assert (auth.username, auth.password) == (cql_roles.SERVICE_ROLE, DUMMY_SECRET)
+
+
+def _job_env(container: dict[str, Any]) -> dict[str, str | SecretKey]:
+    env: dict[str, str | SecretKey] = {}
+    for e in container["env"]:
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        env[e["name"]] = SecretKey(ref["name"], ref["key"]) if ref else str(e["value"])
+    return env
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_scylla_requires_logins_and_the_migration_job_makes_the_roles(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    (cluster,) = by_kind(p, "ScyllaCluster")
+    racks = cluster.inputs["spec"]["datacenter"]["racks"]
+    assert {r.get("scyllaConfig") for r in racks} == {infra_scylla.CONFIG_MAP}
+    ns = cluster.inputs["metadata"]["namespace"]
+    conf = named(p, "ConfigMap", infra_scylla.CONFIG_MAP).inputs
+    assert conf["metadata"]["namespace"] == ns
+    scylla_yaml = yaml.safe_load(conf["data"]["scylla.yaml"])
+    assert scylla_yaml == {
+        "authenticator": "PasswordAuthenticator",
+        "authorizer": "CassandraAuthorizer",
+    }
+    (job,) = [j for j in by_kind(p, "Job") if j.name == "scylla-migrate"]
+    (c,) = job.inputs["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["python", "-m", migrate.__name__]
+    assert importlib.util.find_spec(migrate.__name__) is not None
+    env = _job_env(c)
+    for name, ref in (
+        (migrate.ADMIN_PASSWORD_ENV, SecretKey(cql_roles.ADMIN_SECRET, cql_roles.PASSWORD_KEY)),
+        (migrate.SERVICE_PASSWORD_ENV, SecretKey(cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY)),
+    ):
+        assert env[name] == ref
+        secret_in(p, job.inputs["metadata"]["namespace"], ref)
+    assert (
+        env[migrate.CONTACT_POINTS_ENV]
+        == likes_env(container_of(p, workloads.WRITE))[Settings.env_name("cassandra_hosts")]
+    )

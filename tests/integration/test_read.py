@@ -67,7 +67,12 @@ def rc(stack: Stack) -> Iterator[RedisCluster]:
 
 @pytest.fixture
 def cql(stack: Stack) -> Iterator[Session]:
-    cluster = Cluster([stack.host], port=stack.cassandra_port, protocol_version=5)
+    cluster = Cluster(
+        [stack.host],
+        port=stack.cassandra_port,
+        protocol_version=5,
+        auth_provider=stack.cassandra_auth,
+    )
     session = cluster.connect("likes")
     yield session
     cluster.shutdown()

@@ -14,14 +14,17 @@ import httpx
 import pytest
 import redis
 from aetcd import rpc
-from cassandra.cluster import Cluster
+from cassandra import Unauthorized
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import Cluster, NoHostAvailable
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from redis.cluster import RedisCluster
 
 from local import transforms
+from local.components import cassandra
 from services.contracts import etcd, keys
-from services.schema import etcd_auth
+from services.schema import cql_roles, etcd_auth
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -170,7 +173,9 @@ def test_kafka_acks_all_produce_and_committed_group_offset(stack: Stack) -> None
 
 
 def test_cassandra_create_insert_select_and_repository_schema(stack: Stack) -> None:
-    cluster = Cluster(["127.0.0.1"], port=stack.cassandra_port)
+    # DDL outside the platform's keyspace: the admin role's (the services' role may not)
+    admin = PlainTextAuthProvider(cql_roles.ADMIN_ROLE, cassandra.admin_password(stack.layout))
+    cluster = Cluster(["127.0.0.1"], port=stack.cassandra_port, auth_provider=admin)
     session = cluster.connect()
     try:
         ks = f"t_{uuid.uuid4().hex[:8]}"
@@ -257,6 +262,30 @@ def test_no_secret_of_the_stack_is_on_any_command_line(stack: Stack) -> None:
     for name, s in status.items():
         cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
         assert not [v for v in values if v in cmdline], name
+
+
+def test_cassandra_requires_the_services_login_and_confines_it_to_the_platform_keyspace(
+    stack: Stack,
+) -> None:
+    """The program's Scylla runs PasswordAuthenticator and CassandraAuthorizer (roles from its
+    migration Job); so does the local Cassandra, so every session of ours logs in, in every test."""
+    user = stack.cassandra_login[0]
+    for refused in (None, (user, "guess"), (cql_roles.DEFAULT_SUPERUSER,) * 2):
+        auth = PlainTextAuthProvider(*refused) if refused else None
+        cluster = Cluster([stack.host], port=stack.cassandra_port, auth_provider=auth)
+        with pytest.raises(NoHostAvailable, match=r"(?i)authenticat"):
+            cluster.connect()
+        cluster.shutdown()
+    cluster = Cluster([stack.host], port=stack.cassandra_port, auth_provider=stack.cassandra_auth)
+    session = cluster.connect(cql_roles.KEYSPACE)
+    try:
+        assert session.execute("SELECT count(*) FROM outbox_pending LIMIT 1").one() is not None
+        with pytest.raises(Unauthorized):
+            session.execute("CREATE TABLE IF NOT EXISTS likes.not_ours (k int PRIMARY KEY)")
+        with pytest.raises(Unauthorized):
+            session.execute("SELECT * FROM system_auth.roles")
+    finally:
+        cluster.shutdown()
 
 
 def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(

@@ -56,6 +56,8 @@ def endpoints(**overrides: object) -> dict[str, object]:
         "jwks_url": "https://idp.test/jwks.json",
         "jwt_issuer": ISSUER,
         "redis_password": "from-a-secret",
+        "cassandra_user": "likes",
+        "cassandra_password": "from-a-secret",
         "etcd_user": "likes",
         "etcd_password": "from-a-secret",
     }
