@@ -32,7 +32,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client import REGISTRY
 
 from local import layout
-from local.components import redis
+from local.components import cassandra, redis
 from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import clients, events, keys, topics
@@ -56,6 +56,8 @@ def settings_for(lay: layout.Layout, prefix: str) -> AggregatorSettings:
         agg_dedup_capacity=100_000,
         log_level="WARNING",
         redis_password=redis.password(lay),
+        cassandra_user=cassandra.service_login(lay)[0],
+        cassandra_password=cassandra.service_login(lay)[1],
     )  # fmt: skip
 
 

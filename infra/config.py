@@ -27,7 +27,17 @@ from pydantic.alias_generators import to_camel
 
 NAMESPACE = "likes"
 # Keys whose values must be Pulumi config secrets (`pulumi config set --secret`).
-SECRET_FIELDS = frozenset({"redisPassword", "pagerdutyRoutingKey", "cdnPurgeToken"})
+SECRET_FIELDS = frozenset(
+    {
+        "redisPassword",
+        "pagerdutyRoutingKey",
+        "cdnPurgeToken",
+        "etcdRootPassword",
+        "etcdPassword",
+        "scyllaAdminPassword",
+        "scyllaPassword",
+    }
+)
 # Any other key whose name looks like one of these is a secret put in the wrong place.
 _SECRETISH = re.compile(r"(password|passwd|secret|token|api[_-]?key|private[_-]?key)", re.I)
 # EKS versions this program is written and validated for (kubernetes-validate ships their schemas).
@@ -232,6 +242,11 @@ class StackConfig(_Model):
     services: ServicesConfig
     observability: ObservabilityConfig
     redis_password: SecretStr
+    etcd_root_password: SecretStr  # etcd's root user: the auth Job only
+    etcd_password: SecretStr  # the services' etcd user
+    # the same value in every region of an environment: one multi-DC cluster, one set of roles
+    scylla_admin_password: SecretStr  # the schema Job's admin role
+    scylla_password: SecretStr  # the services' role
     # a Cloudflare API token allowed to purge the zone's cache by tag (the aggregator's purger)
     cdn_purge_token: SecretStr
     pagerduty_routing_key: SecretStr | None = None

@@ -1,5 +1,10 @@
 """etcd: the config store (hot-key set, CDN heat, kill switches). Five members spread over three
-zones (2/2/1), so a zone loss leaves three: quorum holds. The PDB keeps three up (quorum) too."""
+zones (2/2/1), so a zone loss leaves three: quorum holds. The PDB keeps three up (quorum) too.
+
+Authentication is on: a Job runs the repository's applier (services/schema/etcd_auth.py, the one
+the local stack runs) to create root and the services' user, whose role may touch only the
+platform's prefix, and to enable auth. Both passwords come from Secrets, never argv.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from services.contracts import etcd as etcd_contract
+from services.contracts.settings import Settings
+from services.schema import etcd_auth
 
 CLIENT_PORT = 2379
 PEER_PORT = 2380
@@ -21,6 +29,9 @@ class EtcdArgs:
     members: int
     storage_gi: int
     version: str
+    root_password: pulumi.Input[str]
+    service_password: pulumi.Input[str]  # etcd_contract.SERVICE_USER's
+    auth_image: str  # the services image: it holds the applier
     storage_class: str = "gp3"
 
 
@@ -141,4 +152,63 @@ class Etcd(pulumi.ComponentResource):
         self.client_port = CLIENT_PORT
         self.client_endpoint = f"http://{self.client_host}:{CLIENT_PORT}"
         self.service = client
+        self._auth_job(name, args, sts)
         self.register_outputs({"client_endpoint": self.client_endpoint})
+
+    def _auth_job(self, name: str, args: EtcdArgs, sts: pulumi.Resource) -> None:
+        """Enable auth once the members answer; a rerun finds it as wanted and changes nothing."""
+        ns = args.namespace
+        key = etcd_contract.PASSWORD_KEY
+        secrets = []
+        for secret, password in (
+            (etcd_contract.ROOT_SECRET, args.root_password),
+            (etcd_contract.AUTH_SECRET, args.service_password),
+        ):
+            secrets.append(
+                k8s.core.v1.Secret(
+                    secret,
+                    metadata=kx.meta(secret, ns, kx.labels(name, secret, "datastore")),
+                    type="Opaque",
+                    string_data={key: password},
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
+            )
+        env = kx.env(
+            Settings.render_env(
+                {
+                    "etcd_host": self.client_host,
+                    "etcd_port": CLIENT_PORT,
+                    "etcd_user": etcd_contract.SERVICE_USER,
+                    "etcd_password": kx.SecretRef(etcd_contract.AUTH_SECRET, key),
+                }
+            )
+        )
+        env.append(kx.secret_env(etcd_auth.ROOT_PASSWORD_ENV, etcd_contract.ROOT_SECRET, key))
+        env.append(kx.core.EnvVarArgs(name="PYTHONDONTWRITEBYTECODE", value="1"))
+        lbls = kx.labels(f"{name}-auth", "etcd-auth", "job")
+        k8s.batch.v1.Job(
+            f"{name}-auth",
+            metadata=kx.meta(f"{name}-auth", ns, lbls),
+            spec=k8s.batch.v1.JobSpecArgs(
+                backoff_limit=20,  # retried until the members have formed a cluster
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.core.PodSpecArgs(
+                        restart_policy="OnFailure",
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(),
+                        containers=[
+                            kx.core.ContainerArgs(
+                                name="auth",
+                                image=args.auth_image,
+                                command=["python", "-m", etcd_auth.__name__],
+                                env=env,
+                                resources=kx.resources("100m", "128Mi"),
+                                security_context=kx.security(),
+                            )
+                        ],
+                    ),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[sts, *secrets]),
+        )

@@ -26,7 +26,9 @@ from infra import (
     services,
 )
 from infra import k8s as kx
+from services.contracts import etcd as etcd_contract
 from services.contracts import workloads
+from services.schema import cql_roles
 
 
 def main() -> None:
@@ -54,6 +56,8 @@ def main() -> None:
     plat = platform.Platform("platform", platform.PlatformArgs(cfg.environment), in_cluster)
     ns = plat.namespaces
     secret_password = pulumi.Output.secret(cfg.redis_password.get_secret_value())
+    etcd_password = pulumi.Output.secret(cfg.etcd_password.get_secret_value())
+    scylla_password = pulumi.Output.secret(cfg.scylla_password.get_secret_value())
 
     store = redis.Redis(
         "redis",
@@ -114,6 +118,8 @@ def main() -> None:
             peer_datacenters=s.peer_datacenters,
             external_seeds=[seed for p in cfg.peers for seed in p.scylla_seeds],
             migration_image=image,
+            admin_password=pulumi.Output.secret(cfg.scylla_admin_password.get_secret_value()),
+            service_password=scylla_password,
             depends_on=[*plat.operators, ns[platform.NS_DATA]],
         ),
         in_cluster,
@@ -125,6 +131,9 @@ def main() -> None:
             members=cfg.etcd.members,
             storage_gi=cfg.etcd.storage_gi,
             version=cfg.etcd.version,
+            root_password=pulumi.Output.secret(cfg.etcd_root_password.get_secret_value()),
+            service_password=etcd_password,
+            auth_image=image,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_DATA]]),
     )
@@ -198,6 +207,8 @@ def main() -> None:
             ),
             redis_password=secret_password,
             cdn_purge_token=pulumi.Output.secret(cfg.cdn_purge_token.get_secret_value()),
+            etcd_password=etcd_password,
+            cassandra_password=scylla_password,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_APPS]]),
     )
@@ -263,6 +274,10 @@ def workload_env(
         "region": cfg.region,
         **endpoints,
         "redis_password": kx.SecretRef(services.AUTH_SECRET, "password"),
+        "cassandra_user": cql_roles.SERVICE_ROLE,
+        "cassandra_password": kx.SecretRef(cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY),
+        "etcd_user": etcd_contract.SERVICE_USER,
+        "etcd_password": kx.SecretRef(etcd_contract.AUTH_SECRET, etcd_contract.PASSWORD_KEY),
         "jwks_url": g.jwks_uri,
         "jwt_issuer": g.jwt_issuer,
         "jwt_audience": g.jwt_audience,

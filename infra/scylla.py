@@ -1,6 +1,12 @@
 """Scylla through the Scylla Operator: one data centre per region with a rack per zone, and a
 migration Job that applies the repository's CQL (services/schema/cql) with NetworkTopologyStrategy
-RF 3 in this region's data centre (and the peers' it is told to replicate to)."""
+RF 3 in this region's data centre (and the peers' it is told to replicate to).
+
+Logins are required (PasswordAuthenticator, CassandraAuthorizer): the Job creates an admin role
+and the services' role, which may read and write the platform's keyspace only, and drops the
+default superuser (services/schema/cql_roles.py, the applier the local stack runs too). The
+passwords come from Secrets; the scylla.yaml ConfigMap holds none.
+"""
 
 from __future__ import annotations
 
@@ -13,29 +19,15 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from services.schema import cql_roles, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CQL_DIR = REPO_ROOT / "services" / "schema" / "cql"
 CQL_MOUNT = "/schema/cql"
 CQL_PORT = 9042  # the native protocol port clients connect to
-
-# Runs inside the services image (the repository is installed there): the one applier the
-# local stack uses too, so production applies exactly the statements the tests ran.
-MIGRATE = f"""\
-import json, os, pathlib
-from cassandra.cluster import Cluster
-from cassandra.policies import DCAwareRoundRobinPolicy
-from services.schema import cql_apply
-cluster = Cluster(
-    os.environ["CQL_CONTACT_POINTS"].split(","),
-    load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=os.environ["CQL_LOCAL_DC"]),
-)
-session = cluster.connect()
-replication = json.loads(os.environ["CQL_REPLICATION"])
-done = cql_apply.apply(session, replication, pathlib.Path("{CQL_MOUNT}"))
-print(f"applied {{len(done)}} statements")
-cluster.shutdown()
-"""
+CONFIG_MAP = "scylla-config"  # the racks' scyllaConfig: scylla.yaml overrides
+# Merged over the image's scylla.yaml by the operator. Nothing secret in it.
+SCYLLA_YAML = "authenticator: PasswordAuthenticator\nauthorizer: CassandraAuthorizer\n"
 
 
 @dataclass(frozen=True)
@@ -52,6 +44,8 @@ class ScyllaArgs:
     peer_datacenters: Sequence[str]
     external_seeds: Sequence[str]
     migration_image: str
+    admin_password: pulumi.Input[str]  # cql_roles.ADMIN_ROLE's
+    service_password: pulumi.Input[str]  # cql_roles.SERVICE_ROLE's
     cluster_name: str = "likes"
     storage_class: str = "gp3"
     cql_dir: Path = CQL_DIR
@@ -86,6 +80,7 @@ class Scylla(pulumi.ComponentResource):
                     "capacity": f"{args.storage_gi}Gi",
                     "storageClassName": args.storage_class,
                 },
+                "scyllaConfig": CONFIG_MAP,  # logins required
                 # Scylla wants guaranteed QoS (requests == limits) to pin its shards to cores.
                 "resources": {
                     "requests": {"cpu": args.cpu, "memory": memory},
@@ -124,13 +119,32 @@ class Scylla(pulumi.ComponentResource):
         if args.external_seeds:
             # Joins the peer regions' data centres into one cluster (multi-DC).
             spec["externalSeeds"] = list(args.external_seeds)
+        scylla_config = k8s.core.v1.ConfigMap(
+            f"{name}-config",
+            metadata=kx.meta(CONFIG_MAP, ns, kx.labels(cluster, "scylla-config", "datastore")),
+            data={"scylla.yaml": SCYLLA_YAML},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        secrets = [
+            k8s.core.v1.Secret(
+                f"{name}-{secret}",
+                metadata=kx.meta(secret, ns, kx.labels(cluster, secret, "datastore")),
+                type="Opaque",
+                string_data={cql_roles.PASSWORD_KEY: password},
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for secret, password in (
+                (cql_roles.ADMIN_SECRET, args.admin_password),
+                (cql_roles.AUTH_SECRET, args.service_password),
+            )
+        ]
         scylla = k8s.apiextensions.CustomResource(
             f"{name}-cluster",
             api_version="scylla.scylladb.com/v1",
             kind="ScyllaCluster",
             metadata=kx.meta(cluster, ns, {kx.TIER_LABEL: "datastore"}),
             spec=spec,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, scylla_config]),
         )
         lbls = kx.labels("schema-migration", "schema-migration", "job")
         files = cql_files(args.cql_dir)
@@ -163,12 +177,19 @@ class Scylla(pulumi.ComponentResource):
                             kx.core.ContainerArgs(
                                 name="migrate",
                                 image=args.migration_image,
-                                command=["python", "-c", MIGRATE],
+                                command=["python", "-m", migrate.__name__],
                                 env=kx.env(
                                     {
-                                        "CQL_CONTACT_POINTS": self.contact_points,
-                                        "CQL_LOCAL_DC": args.datacenter,
-                                        "CQL_REPLICATION": json.dumps(rf, sort_keys=True),
+                                        migrate.CONTACT_POINTS_ENV: self.contact_points,
+                                        migrate.LOCAL_DC_ENV: args.datacenter,
+                                        migrate.REPLICATION_ENV: json.dumps(rf, sort_keys=True),
+                                        migrate.CQL_DIR_ENV: CQL_MOUNT,
+                                        migrate.ADMIN_PASSWORD_ENV: kx.SecretRef(
+                                            cql_roles.ADMIN_SECRET, cql_roles.PASSWORD_KEY
+                                        ),
+                                        migrate.SERVICE_PASSWORD_ENV: kx.SecretRef(
+                                            cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY
+                                        ),
                                         "PYTHONDONTWRITEBYTECODE": "1",
                                     }
                                 ),
@@ -181,7 +202,7 @@ class Scylla(pulumi.ComponentResource):
                     ),
                 ),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[scylla, cql]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[scylla, cql, *secrets]),
         )
         self.register_outputs(
             {

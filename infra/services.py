@@ -12,7 +12,8 @@ import pulumi_kubernetes as k8s
 from infra import k8s as kx
 from infra import observability
 from infra.config import ServiceScale
-from services.contracts import workloads
+from services.contracts import etcd, workloads
+from services.schema import cql_roles
 
 HTTP_PORT = workloads.HTTP_PORT
 METRICS_PORT = workloads.OPS_PORT
@@ -46,6 +47,8 @@ class ServicesArgs:
     services: Sequence[ServiceSpec]
     redis_password: pulumi.Input[str]
     cdn_purge_token: pulumi.Input[str]
+    etcd_password: pulumi.Input[str]
+    cassandra_password: pulumi.Input[str]
 
 
 def service_specs(
@@ -68,21 +71,21 @@ class Services(pulumi.ComponentResource):
         super().__init__("likes:infra:Services", name, None, opts)
         ns = args.namespace
         child = pulumi.ResourceOptions(parent=self)
-        # Secrets do not cross namespaces: the services get their own copy of the Redis password.
-        k8s.core.v1.Secret(
-            f"{name}-redis-auth",
-            metadata=kx.meta(AUTH_SECRET, ns, kx.labels("likes", "redis-auth", "app")),
-            type="Opaque",
-            string_data={"password": args.redis_password},
-            opts=child,
-        )
-        k8s.core.v1.Secret(
-            f"{name}-cdn-purge",
-            metadata=kx.meta(CDN_PURGE_SECRET, ns, kx.labels("likes", "cdn-purge", "app")),
-            type="Opaque",
-            string_data={"token": args.cdn_purge_token},
-            opts=child,
-        )
+        # Secrets do not cross namespaces: the services get their own copy of each store's
+        # password (the stores' own namespace holds the original).
+        for secret, data in (
+            (AUTH_SECRET, {"password": args.redis_password}),
+            (CDN_PURGE_SECRET, {"token": args.cdn_purge_token}),
+            (etcd.AUTH_SECRET, {etcd.PASSWORD_KEY: args.etcd_password}),
+            (cql_roles.AUTH_SECRET, {cql_roles.PASSWORD_KEY: args.cassandra_password}),
+        ):
+            k8s.core.v1.Secret(
+                f"{name}-{secret}",
+                metadata=kx.meta(secret, ns, kx.labels("likes", secret, "app")),
+                type="Opaque",
+                string_data=data,
+                opts=child,
+            )
         self.upstreams = {}
         for spec in args.services:
             self._service(spec, args)

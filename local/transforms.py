@@ -19,8 +19,9 @@ from pydantic import ValidationError
 from local import issuer, rendered
 from local.components import kafka
 from local.layout import HOST, Layout
-from services.contracts import topics, workloads
+from services.contracts import etcd, topics, workloads
 from services.contracts.settings import UnknownVariable
+from services.schema import cql_roles
 
 LOCAL_PARTITIONS = 6
 KAFKA_TOPIC = "kubernetes:kafka.strimzi.io/v1:KafkaTopic"
@@ -95,9 +96,17 @@ SECRETS_FILE = "secrets.json"
 CLOUDFLARE_SINK = "cloudflare"  # the sink's receiver name for Cloudflare API calls
 # the secrets the program references, and how a first start makes a local value for each
 REDIS_AUTH = "redis-auth/password"
+ETCD_AUTH = f"{etcd.AUTH_SECRET}/{etcd.PASSWORD_KEY}"
+ETCD_ROOT = f"{etcd.ROOT_SECRET}/{etcd.PASSWORD_KEY}"  # the program's etcd-auth Job only
+CASSANDRA_AUTH = f"{cql_roles.AUTH_SECRET}/{cql_roles.PASSWORD_KEY}"
+CASSANDRA_ADMIN = f"{cql_roles.ADMIN_SECRET}/{cql_roles.PASSWORD_KEY}"  # the schema Job only
 _SECRET_MAKERS = {
     ("redis-auth", "password"): lambda: secrets.token_urlsafe(24),
     ("cdn-purge", "token"): lambda: secrets.token_urlsafe(24),
+    (etcd.AUTH_SECRET, etcd.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
+    (etcd.ROOT_SECRET, etcd.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
+    (cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
+    (cql_roles.ADMIN_SECRET, cql_roles.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
 }
 
 

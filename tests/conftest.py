@@ -16,9 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aetcd
 import pytest
+from cassandra.auth import PlainTextAuthProvider
 
 from local import components, layout, supervisor, transforms
+from services.contracts import etcd
 from services.contracts.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,6 +126,29 @@ class Stack:
         from local.components import redis as redis_component
 
         return redis_component.password(self.layout)
+
+    @property
+    def cassandra_login(self) -> tuple[str, str]:
+        """The services' role and password (the program's scylla-auth secret, as played here):
+        the local Cassandra refuses a session without a login."""
+        from local.components import cassandra as cassandra_component
+
+        return cassandra_component.service_login(self.layout)
+
+    @property
+    def cassandra_auth(self) -> PlainTextAuthProvider:
+        return PlainTextAuthProvider(*self.cassandra_login)
+
+    @property
+    def etcd_credentials(self) -> etcd.Credentials:
+        """etcd requires a login (the program's etcd-auth secret, as played here)."""
+        from local.components import etcd as etcd_component
+
+        return etcd_component.credentials(self.layout)
+
+    def etcd(self, timeout: float = 2.0) -> aetcd.Client:
+        """A client of the stack's etcd, logged in as the services are."""
+        return etcd.client(self.host, self.etcd_port, self.etcd_credentials, timeout)
 
     @property
     def gateway_url(self) -> str:

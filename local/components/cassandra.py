@@ -2,8 +2,10 @@
 
 prepare() resolves the classpath (Maven, cached), writes the yaml from local/cassandra/ and
 `java @argfiles` holding the classpath and the class-data-sharing flags, so servers() stays cheap
-for `status`. bootstrap() applies services/schema/cql/ with this node's data-centre name at
-replication factor 1.
+for `status`. Logins are required (PasswordAuthenticator, as production's Scylla): bootstrap()
+logs in as the admin role (creating it as the default superuser on a first start), applies
+services/schema/cql/ with this node's data-centre name at replication factor 1, then the roles
+(the services' one from the stack's secrets file; the default superuser is dropped).
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import string
 import subprocess
 from pathlib import Path
 
+from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.policies import WhiteListRoundRobinPolicy
 
 from local import maven
 from local.components.base import Component, ProbeFailed, Server, tcp_probe
-from local.layout import HOST, REPO_ROOT
-from services.schema import cql_apply
+from local.layout import HOST, REPO_ROOT, Layout
+from services.schema import cql_apply, cql_roles
 
 CONF_DIR = REPO_ROOT / "local" / "cassandra"
 YAML_TEMPLATE = CONF_DIR / "cassandra.yaml"
@@ -96,14 +99,33 @@ FAST_FLAGS = [
     "-Dcassandra.skip_wait_for_gossip_to_settle=0",
     "-Dcassandra.shutdown_announce_in_ms=0",
     "-Dcassandra.unsafesystem=true",
+    # the default superuser is created this long after start (10 s by default): the first
+    # bootstrap logs in as it
+    "-Dcassandra.superuser_setup_delay_ms=0",
 ]
 
 PROBE_TIMEOUT = 2.0
 
 
-def connect(host: str, port: int, timeout: float = 10.0) -> tuple[Cluster, Session]:
+def admin_password(layout: Layout) -> str:
+    """The admin role's password (the program's scylla-admin secret, as the stack plays it)."""
+    from local import transforms
+
+    return transforms.stack_secrets(layout)[transforms.CASSANDRA_ADMIN]
+
+
+def service_login(layout: Layout) -> tuple[str, str]:
+    """The services' role and password (the program's scylla-auth secret, as the stack plays it)."""
+    from local import transforms
+
+    return cql_roles.SERVICE_ROLE, transforms.stack_secrets(layout)[transforms.CASSANDRA_AUTH]
+
+
+def connect(
+    host: str, port: int, timeout: float = 10.0, login: tuple[str, str] | None = None
+) -> tuple[Cluster, Session]:
     """A driver session pinned to one node, without the schema/token metadata fetches that make a
-    first connect slow. The caller shuts the cluster down."""
+    first connect slow, logged in as `login` (user, password). The caller shuts it down."""
     profile = ExecutionProfile(
         load_balancing_policy=WhiteListRoundRobinPolicy([host]), request_timeout=timeout
     )
@@ -116,6 +138,7 @@ def connect(host: str, port: int, timeout: float = 10.0) -> tuple[Cluster, Sessi
         control_connection_timeout=timeout,
         schema_metadata_enabled=False,
         token_metadata_enabled=False,
+        auth_provider=PlainTextAuthProvider(*login) if login else None,
     )
     try:
         return cluster, cluster.connect()
@@ -272,12 +295,27 @@ class Cassandra(Component):
             *args,
         ]
 
+    def _login(self, timeout: float) -> tuple[Cluster, Session]:
+        """A session as the admin role; before the first bootstrap made it, as the default
+        superuser (the server creates that a moment after it opens its port)."""
+        try:
+            return connect(HOST, self.native_port, timeout, (cql_roles.ADMIN_ROLE, self._admin))
+        except Exception as e:
+            if not cql_roles.is_auth_failure(e):
+                raise
+            default = (cql_roles.DEFAULT_SUPERUSER, cql_roles.DEFAULT_SUPERUSER)
+            return connect(HOST, self.native_port, timeout, default)
+
+    @property
+    def _admin(self) -> str:
+        return admin_password(self.layout)
+
     def _probe(self) -> None:
-        """Ready = the native port answers a real CQL query."""
+        """Ready = the native port answers a real CQL query, logged in."""
         tcp_probe(HOST, self.native_port, timeout=PROBE_TIMEOUT)
         try:
-            cluster, session = connect(HOST, self.native_port, timeout=PROBE_TIMEOUT)
-        except Exception as e:  # NoHostAvailable, OperationTimedOut, ...
+            cluster, session = self._login(PROBE_TIMEOUT)
+        except Exception as e:  # NoHostAvailable, OperationTimedOut, AuthenticationFailed...
             raise ProbeFailed(f"{HOST}:{self.native_port}: no CQL session: {e}") from e
         try:
             row = session.execute("SELECT release_version FROM system.local").one()
@@ -289,12 +327,16 @@ class Cassandra(Component):
             raise ProbeFailed(f"{HOST}:{self.native_port}: system.local is empty")
 
     def bootstrap(self) -> None:
-        cluster, session = connect(HOST, self.native_port, timeout=30.0)
+        def login(user: str, password: str) -> tuple[Cluster, Session]:
+            return connect(HOST, self.native_port, 30.0, (user, password))
+
+        cluster, session = cql_roles.admin_session(login, self._admin)
         try:
             # The data-centre name comes from the snitch (SimpleSnitch: datacenter1); reading it
             # keeps the keyspace valid if the snitch changes.
             row = session.execute("SELECT data_center FROM system.local").one()
             cql_apply.apply(session, {row.data_center: 1})
+            cql_roles.apply(session, login, service_login(self.layout)[1])
         finally:
             cluster.shutdown()
 

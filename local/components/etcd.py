@@ -1,16 +1,30 @@
 """etcd (Debian's etcd-server): the config store for hot keys, CDN heat and kill switches.
 
-One member locally; production runs five (infra/etcd.py).
+One member locally; production runs five (infra/etcd.py). Authentication is on, as in production:
+the first bootstrap creates root and the services' user from the stack's secrets file and enables
+it (through the gRPC API: no password on a command line), so every client of ours logs in here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import httpx
 
 from local.components.base import Component, ProbeFailed, Server
-from local.layout import HOST
+from local.layout import HOST, Layout
+from services.contracts import etcd
+from services.schema import etcd_auth
+
+
+def credentials(layout: Layout) -> etcd.Credentials:
+    """The services' login (the program's etcd-auth secret, played by the stack's secret file)."""
+    from local import transforms
+
+    return etcd.Credentials(
+        etcd.SERVICE_USER, transforms.stack_secrets(layout)[transforms.ETCD_AUTH]
+    )
 
 
 class Etcd(Component):
@@ -54,6 +68,13 @@ class Etcd(Component):
             raise ProbeFailed(f"etcd: {e}") from e
         if not healthy:
             raise ProbeFailed(f"etcd /health: {r.status_code} {r.text[:200]}")
+
+    def bootstrap(self) -> None:
+        from local import transforms
+
+        root = transforms.stack_secrets(self.layout)[transforms.ETCD_ROOT]
+        port = self.layout.ports.etcd_client
+        asyncio.run(etcd_auth.apply(HOST, port, root, credentials(self.layout)))
 
     def metrics_targets(self) -> list[str]:
         return [f"{HOST}:{self.layout.ports.etcd_client}"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from local import rendered, transforms
 from local.components.base import Component, Server, http_probe
-from local.layout import HOST, Layout
+from local.layout import HOST, REPO_ROOT, Layout
 from services.contracts import workloads
 
 STORES = ("etcd", "idem-store", "count-cache", "kafka", "cassandra", "schema-registry")
@@ -34,6 +34,9 @@ class Workload(Component):
                 probe=lambda: http_probe(ready),
                 env=self.process.env,
                 inherit_env=False,  # a pod sees only its rendered env
+                # the image's workdir holds the code: `python -m` imports this checkout's, not
+                # whichever checkout the virtualenv was installed from
+                cwd=REPO_ROOT,
                 start_timeout=60,
                 stop_timeout=10,
             )

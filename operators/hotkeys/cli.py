@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.contracts import hotkeys, keys
+from services.contracts import etcd, hotkeys, keys
 from services.contracts.settings import Settings
 
 app = typer.Typer(help="Hot keys: what the sampler flagged, what the operator replicated/split.")
@@ -28,7 +28,7 @@ class EtcdError(Exception):
 
 async def _with_etcd(fn: Any) -> Any:
     s = Settings()
-    client = aetcd.Client(host=s.etcd_host, port=s.etcd_port, timeout=2.0)
+    client = etcd.from_settings(s, timeout=2.0)
     try:
         return await fn(client)
     except Exception as e:

@@ -24,7 +24,7 @@ from operators.hotkeys.decisions import HotEntry, Plan, decide
 from operators.hotkeys.hot_pools import HotPools, source_cluster
 from operators.hotkeys.policy import Policy
 from operators.hotkeys.settings import OperatorSettings
-from services.contracts import hotkeys, keys
+from services.contracts import etcd, hotkeys, keys
 
 
 class EtcdUnavailable(Exception):
@@ -70,8 +70,10 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
         grace_s: float = hotkeys.GRACE_S,
         timeout_s: float = 1.0,
+        etcd_credentials: etcd.Credentials | None = None,
     ) -> None:
         self.etcd_host, self.etcd_port, self.timeout_s = etcd_host, etcd_port, timeout_s
+        self.etcd_credentials = etcd_credentials
         self.source, self.pools, self.clock = source, pools, clock
         self.state: dict[str, HotEntry] = {}
         self.last_good: hotkeys.LastGood[dict[str, HotEntry]] = hotkeys.LastGood({}, grace_s, clock)
@@ -87,13 +89,14 @@ class Reconciler:
             settings.etcd_port,
             source_cluster(settings.count_cache_startup, password=auth),
             HotPools(settings.hot_pool_addresses, password=auth),
+            etcd_credentials=etcd.credentials(settings),
         )
 
     # -- etcd -------------------------------------------------------------------------------
     async def _client(self) -> aetcd.Client:
         if self._etcd is None:
-            self._etcd = aetcd.Client(
-                host=self.etcd_host, port=self.etcd_port, timeout=self.timeout_s
+            self._etcd = etcd.client(
+                self.etcd_host, self.etcd_port, self.etcd_credentials, self.timeout_s
             )
         return self._etcd
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cassandra import DriverException
+from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -110,7 +111,8 @@ CASSANDRA_ERRORS: tuple[type[Exception], ...] = (
 
 
 def cassandra(settings: Settings, request_timeout: float = 2.0) -> tuple[Cluster, Session]:
-    """A session on the likes keyspace; requests time out fast so writes 503 instead of hang."""
+    """A session on the likes keyspace as the services' role; requests time out fast so writes
+    503 instead of hang."""
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(
             DCAwareRoundRobinPolicy(local_dc=settings.cassandra_local_dc or "")
@@ -126,8 +128,18 @@ def cassandra(settings: Settings, request_timeout: float = 2.0) -> tuple[Cluster
         # the driver's default backs off to 10 minutes: a node back after a restart would stay
         # unused for a minute or more
         reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=5.0),
+        auth_provider=cassandra_auth(settings),
     )
     return cluster, cluster.connect(settings.cassandra_keyspace)
+
+
+def cassandra_auth(settings: Settings) -> PlainTextAuthProvider | None:
+    """The settings' login (the edge-store requires one); None: a server without auth."""
+    if settings.cassandra_user is None or settings.cassandra_password is None:
+        return None
+    return PlainTextAuthProvider(
+        settings.cassandra_user, settings.cassandra_password.get_secret_value()
+    )
 
 
 def schema_registry(settings: Settings) -> SchemaRegistryClient:

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import aetcd
 
-from services.contracts import keys
+from services.contracts import etcd, keys
 
 log = logging.getLogger("hotkeys")
 
@@ -134,8 +134,10 @@ class PrefixView(Generic[T]):
         timeout_s: float = 1.0,
         grace_s: float = GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        credentials: etcd.Credentials | None = None,
     ) -> None:
         self.host, self.port, self.prefix = host, port, prefix
+        self.credentials = credentials
         self.decode = decode
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.last_good: LastGood[dict[str, T]] = LastGood({}, grace_s, clock)
@@ -147,7 +149,7 @@ class PrefixView(Generic[T]):
 
     async def refresh(self) -> None:
         if self._client is None:
-            self._client = aetcd.Client(host=self.host, port=self.port, timeout=self.timeout_s)
+            self._client = etcd.client(self.host, self.port, self.credentials, self.timeout_s)
         result = await asyncio.wait_for(
             self._client.get_prefix(self.prefix.encode()), self.timeout_s
         )

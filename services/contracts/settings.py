@@ -74,10 +74,16 @@ class Settings(BaseSettings):
     cassandra_port: int = 9042
     cassandra_local_dc: str | None = None  # None: the driver's default (the first host's DC)
     cassandra_keyspace: str = "likes"
+    # the services' role (PasswordAuthenticator); None: connect without credentials
+    cassandra_user: str | None = None
+    cassandra_password: SecretStr | None = None
     kafka_bootstrap: str = "127.0.0.1:29092"
     schema_registry_url: str = "http://127.0.0.1:8081"
     etcd_host: str = "127.0.0.1"
     etcd_port: int = 2379
+    # the services' etcd user (auth is on); None: connect without credentials
+    etcd_user: str | None = None
+    etcd_password: SecretStr | None = None
 
     # Bearer JWTs are RS256/ES256, verified against the identity provider's JWKS; there is no
     # shared signing key anywhere (the local stack runs its own issuer, local/issuer.py).
@@ -88,7 +94,8 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = None  # tracing is off unless an exporter is configured
     log_level: str = "INFO"
 
-    # Fields that name another server: outside env=local each must be set, never defaulted.
+    # Fields that name another server or how to log in to it: outside env=local each must be
+    # set, never defaulted.
     ENDPOINTS: ClassVar[tuple[str, ...]] = (
         "count_cache_nodes",
         "idem_store_nodes",
@@ -99,6 +106,15 @@ class Settings(BaseSettings):
         "jwks_url",
         "jwt_issuer",
         "redis_password",
+        "cassandra_user",
+        "cassandra_password",
+        "etcd_user",
+        "etcd_password",
+    )
+    # a user without its password (or the reverse) is a half-rendered secret, not "no auth"
+    LOGINS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("cassandra_user", "cassandra_password"),
+        ("etcd_user", "etcd_password"),
     )
 
     @classmethod
@@ -138,6 +154,11 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"env={self.env} refuses local defaults; set {', '.join(missing)} "
                     "(the program renders them)"
+                )
+        for user, password in self.LOGINS:
+            if (getattr(self, user) is None) != (getattr(self, password) is None):
+                raise ValueError(
+                    f"set both {self.env_name(user)} and {self.env_name(password)}, or neither"
                 )
         return self
 

@@ -18,7 +18,7 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, Field
 
 from services.common import http, observability
-from services.contracts import routes
+from services.contracts import etcd, routes
 from services.contracts.workloads import HOTKEY_SAMPLER as WORKLOAD
 from services.hotkey_sampler.publisher import EtcdPublisher
 from services.hotkey_sampler.settings import SamplerSettings
@@ -83,7 +83,12 @@ def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
             buckets=cfg.sampler_buckets,
             half_life_s=cfg.sampler_half_life_s,
         )
-        publisher = EtcdPublisher(cfg.etcd_host, cfg.etcd_port, lease_ttl_s=cfg.sampler_lease_ttl_s)
+        publisher = EtcdPublisher(
+            cfg.etcd_host,
+            cfg.etcd_port,
+            lease_ttl_s=cfg.sampler_lease_ttl_s,
+            credentials=etcd.credentials(cfg),
+        )
         app.state.window, app.state.publisher = window, publisher
         task = asyncio.create_task(publish_loop(window, publisher, cfg), name="publish")
         try:

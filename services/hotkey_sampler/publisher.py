@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import aetcd
 from aetcd.leases import Lease
 
-from services.contracts import hotkeys, keys
+from services.contracts import etcd, hotkeys, keys
 
 log = logging.getLogger("hotkey_sampler.publisher")
 
@@ -69,8 +69,9 @@ class EtcdPublisher:
         lease_ttl_s: int = 5,
         timeout_s: float = 1.0,
         clock: Callable[[], int] = hotkeys.now_ms,
+        credentials: etcd.Credentials | None = None,
     ) -> None:
-        self.host, self.port = host, port
+        self.host, self.port, self.credentials = host, port, credentials
         self.lease_ttl_s, self.timeout_s = lease_ttl_s, timeout_s
         self.clock = clock
         self.published = Published()
@@ -80,7 +81,7 @@ class EtcdPublisher:
 
     async def _ensure(self) -> tuple[aetcd.Client, Lease]:
         if self._client is None:
-            self._client = aetcd.Client(host=self.host, port=self.port, timeout=self.timeout_s)
+            self._client = etcd.client(self.host, self.port, self.credentials, self.timeout_s)
         if self._lease is None:
             self._lease = await self._client.lease(self.lease_ttl_s)
             self._refreshed = time.monotonic()

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import aetcd
 
-from services.contracts import keys
+from services.contracts import etcd, keys
 from services.contracts.hotkeys import GRACE_S, LastGood
 
 log = logging.getLogger("read.heat")
@@ -80,9 +80,11 @@ class EtcdHeat:
         timeout_s: float = 1.0,
         grace_s: float = GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        credentials: etcd.Credentials | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.credentials = credentials
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.last_good: LastGood[dict[str, str]] = LastGood({}, grace_s, clock)
@@ -111,7 +113,7 @@ class EtcdHeat:
     async def refresh(self) -> None:
         """One poll; raises if etcd is unreachable (the previous hints stay, until they expire)."""
         if self._client is None:
-            self._client = aetcd.Client(host=self.host, port=self.port, timeout=self.timeout_s)
+            self._client = etcd.client(self.host, self.port, self.credentials, self.timeout_s)
         prefix = keys.HEAT_PREFIX.encode()
         result = await asyncio.wait_for(self._client.get_prefix(prefix), self.timeout_s)
         hints: dict[str, str] = {}

@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common import http, observability
+from services.contracts import etcd, workloads
 from services.contracts import hotkeys as hotkey_flags
-from services.contracts import workloads
 from services.contracts.settings import Settings
 from services.read import api, hotkeys
 from services.read.core import Reader
@@ -92,13 +92,16 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cache = RedisCountCache(settings)
         store = CassandraStore(settings)
-        heat_source = heat or EtcdHeat(settings.etcd_host, settings.etcd_port)
+        etcd_login = etcd.credentials(settings)
+        heat_source = heat or EtcdHeat(
+            settings.etcd_host, settings.etcd_port, credentials=etcd_login
+        )
         await store.start()  # connects in the background: the service answers without Cassandra
         await cache.warm_up()
         await heat_source.start()
         pools_view = hotkey_flags.PrefixView(
             settings.etcd_host, settings.etcd_port, hotkey_flags.HOTPOOL_PREFIX,
-            hotkey_flags.decode_pools,
+            hotkey_flags.decode_pools, credentials=etcd_login,
         )  # fmt: skip
         await pools_view.start()
         hot_cache = hotkeys.HotPoolCountCache(cache, pools_view, password=settings.redis_auth)

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import random
 
-from services.contracts import hotkeys, keys
+from services.contracts import etcd, hotkeys, keys
 from services.contracts.settings import Settings
 
 
 def split_view(settings: Settings) -> hotkeys.PrefixView[hotkeys.SplitFlag]:
     return hotkeys.PrefixView(
-        settings.etcd_host, settings.etcd_port, keys.SPLIT_PREFIX, hotkeys.decode_split
+        settings.etcd_host,
+        settings.etcd_port,
+        keys.SPLIT_PREFIX,
+        hotkeys.decode_split,
+        credentials=etcd.credentials(settings),
     )
 
 

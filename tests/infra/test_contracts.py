@@ -11,6 +11,8 @@ that resource configures, and fails when the two disagree:
 - (e) the gateway mirrors reads to the sampler's Service, on routes the sampler serves (C8)
 - (f) the topics the program creates are the code's topics
 - (g) the idem-store is a Redis Cluster on both sides; Redis clients get the password (C3)
+- (h) every internal server's login reaches the workloads from a Secret, never as a literal, and
+      the program runs the applier that makes the server require it (issue 9)
 """
 
 from __future__ import annotations
@@ -44,14 +46,16 @@ from pydantic import ValidationError
 from redis.cluster import RedisCluster
 from starlette.routing import Match
 
-from infra import alert_rules, config, envoy_config, observability, plan
+from infra import alert_rules, config, envoy_config, observability, plan, stackfile
+from infra import scylla as infra_scylla
 from infra import services as infra_services
 from operators.hotkeys import handlers
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from services.aggregator.settings import AggregatorSettings
 from services.common import worker_http
-from services.contracts import clients, events, routes, workloads
+from services.contracts import clients, etcd, events, routes, workloads
 from services.contracts.settings import Settings, UnknownVariable, parse_nodes
+from services.schema import cql_roles, etcd_auth, migrate
 from tests.infra.conftest import STACKS, by_kind, named
 
 # the `env` each stack's workloads must run under (never the local defaults)
@@ -656,3 +660,156 @@ def test_every_deployment_of_our_image_is_a_workload_whose_module_exists(
         assert importlib.util.find_spec(module) is not None, f"{name} runs missing {module}"
         found.add(name)
     assert found == {w.name for w in workloads.SERVICES}
+
+
+# -- (h) logins of the internal servers: from Secrets, and enforced (issue 9) --------------------
+# (user field, password field) -> the user the program renders and the Secret holding the password
+LOGINS = {
+    ("cassandra_user", "cassandra_password"): (
+        cql_roles.SERVICE_ROLE,
+        SecretKey(cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY),
+    ),
+    ("etcd_user", "etcd_password"): (
+        etcd.SERVICE_USER,
+        SecretKey(etcd.AUTH_SECRET, etcd.PASSWORD_KEY),
+    ),
+}
+
+
+def secret_in(p: plan.Plan, namespace: str, ref: SecretKey) -> dict[str, Any]:
+    found = [
+        r.inputs
+        for r in by_kind(p, "Secret")
+        if r.inputs["metadata"]["name"] == ref.secret
+        and r.inputs["metadata"]["namespace"] == namespace
+    ]
+    assert found, f"no Secret {ref.secret} in {namespace}"
+    (secret,) = found
+    assert set(secret["stringData"]) == {ref.key}
+    return secret
+
+
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_every_workload_logs_in_with_a_password_from_a_secret_in_its_namespace(
+    plans: dict[str, plan.Plan], stack: str, w: workloads.Workload
+) -> None:
+    c = container_of(plans[stack], w)
+    for (user, password), (want_user, ref) in LOGINS.items():
+        assert c.env.get(Settings.env_name(user)) == want_user, f"{w.name}: {user}"
+        assert c.env.get(Settings.env_name(password)) == ref, f"{w.name}: {password} literal"
+        secret_in(plans[stack], c.namespace, ref)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_secret_value_outside_a_kubernetes_secret(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    """A config secret reaches a Kubernetes object only as a Secret's data: never in argv, an env
+    literal, a ConfigMap or a custom resource (the plan masks a secret Output as [secret]; a
+    secret unwrapped into a plain string would show the offline placeholder)."""
+    leaks = [
+        f"{r.inputs.get('kind') or r.type} {r.name}"
+        for r in plans[stack].resources
+        if r.type.startswith("kubernetes:")
+        and r.inputs.get("kind") != "Secret"
+        and any(m in json.dumps(r.inputs) for m in (plan.SECRET_MARK, stackfile.PLACEHOLDER))
+    ]
+    assert leaks == []
+
+
+class _RecordingEtcd:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_the_etcd_client_logs_in_with_the_rendered_user_and_password(
+    plans: dict[str, plan.Plan],
+    build_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    stack: str,
+    w: workloads.Workload,
+) -> None:
+    s = build_settings(w, likes_env(container_of(plans[stack], w)))
+    monkeypatch.setattr(etcd.aetcd, "Client", _RecordingEtcd)
+    kw = etcd.from_settings(s, timeout=1.0).kwargs  # type: ignore[attr-defined]
+    assert (kw["username"], kw["password"]) == (etcd.SERVICE_USER, DUMMY_SECRET)
+    assert (kw["host"], kw["port"]) == (s.etcd_host, s.etcd_port)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_etcd_auth_job_runs_the_applier_with_passwords_from_secrets(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    job = named(p, "Job", "etcd-auth").inputs
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["python", "-m", etcd_auth.__name__]
+    assert importlib.util.find_spec(etcd_auth.__name__) is not None
+    env = _job_env(c)
+    ns = job["metadata"]["namespace"]
+    root = env[etcd_auth.ROOT_PASSWORD_ENV]
+    assert root == SecretKey(etcd.ROOT_SECRET, etcd.PASSWORD_KEY)
+    secret_in(p, ns, root)
+    assert env[Settings.env_name("etcd_user")] == etcd.SERVICE_USER
+    service = env[Settings.env_name("etcd_password")]
+    assert service == SecretKey(etcd.AUTH_SECRET, etcd.PASSWORD_KEY)
+    secret_in(p, ns, service)
+    # the etcd the workloads talk to is the one the Job sets up
+    write = likes_env(container_of(p, workloads.WRITE))
+    assert env[Settings.env_name("etcd_host")] == write[Settings.env_name("etcd_host")]
+    assert env[Settings.env_name("etcd_port")] == write[Settings.env_name("etcd_port")]
+
+
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_the_cassandra_session_logs_in_with_the_rendered_role_and_password(
+    plans: dict[str, plan.Plan],
+    build_settings: Callable[..., Settings],
+    stack: str,
+    w: workloads.Workload,
+) -> None:
+    s = build_settings(w, likes_env(container_of(plans[stack], w)))
+    auth = clients.cassandra_auth(s)
+    assert auth is not None
+    assert (auth.username, auth.password) == (cql_roles.SERVICE_ROLE, DUMMY_SECRET)
+
+
+def _job_env(container: dict[str, Any]) -> dict[str, str | SecretKey]:
+    env: dict[str, str | SecretKey] = {}
+    for e in container["env"]:
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        env[e["name"]] = SecretKey(ref["name"], ref["key"]) if ref else str(e["value"])
+    return env
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_scylla_requires_logins_and_the_migration_job_makes_the_roles(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    (cluster,) = by_kind(p, "ScyllaCluster")
+    racks = cluster.inputs["spec"]["datacenter"]["racks"]
+    assert {r.get("scyllaConfig") for r in racks} == {infra_scylla.CONFIG_MAP}
+    ns = cluster.inputs["metadata"]["namespace"]
+    conf = named(p, "ConfigMap", infra_scylla.CONFIG_MAP).inputs
+    assert conf["metadata"]["namespace"] == ns
+    scylla_yaml = yaml.safe_load(conf["data"]["scylla.yaml"])
+    assert scylla_yaml == {
+        "authenticator": "PasswordAuthenticator",
+        "authorizer": "CassandraAuthorizer",
+    }
+    (job,) = [j for j in by_kind(p, "Job") if j.name == "scylla-migrate"]
+    (c,) = job.inputs["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["python", "-m", migrate.__name__]
+    assert importlib.util.find_spec(migrate.__name__) is not None
+    env = _job_env(c)
+    for name, ref in (
+        (migrate.ADMIN_PASSWORD_ENV, SecretKey(cql_roles.ADMIN_SECRET, cql_roles.PASSWORD_KEY)),
+        (migrate.SERVICE_PASSWORD_ENV, SecretKey(cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY)),
+    ):
+        assert env[name] == ref
+        secret_in(p, job.inputs["metadata"]["namespace"], ref)
+    assert (
+        env[migrate.CONTACT_POINTS_ENV]
+        == likes_env(container_of(p, workloads.WRITE))[Settings.env_name("cassandra_hosts")]
+    )

@@ -51,6 +51,8 @@ def stack_env(stack: Stack) -> dict[str, str]:
         "LIKES_COUNT_CACHE_NODES": ",".join(f"{h}:{p}" for h, p in stack.count_cache_nodes),
         "LIKES_REGION": "eu",
         "LIKES_REDIS_PASSWORD": stack.redis_password,
+        "LIKES_CASSANDRA_USER": stack.cassandra_login[0],
+        "LIKES_CASSANDRA_PASSWORD": stack.cassandra_login[1],
     }
 
 
@@ -78,6 +80,8 @@ def base_settings(env: dict[str, str]) -> AggregatorSettings:
         count_cache_nodes=env["LIKES_COUNT_CACHE_NODES"],
         region=env["LIKES_REGION"],
         redis_password=env["LIKES_REDIS_PASSWORD"],
+        cassandra_user=env["LIKES_CASSANDRA_USER"],
+        cassandra_password=env["LIKES_CASSANDRA_PASSWORD"],
     )
 
 

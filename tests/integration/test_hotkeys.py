@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import aetcd
 import httpx
 import pytest
 import redis
@@ -64,7 +63,7 @@ def wait_for(check: Callable[[], T | None], timeout: float = 30, every: float = 
 
 def etcd_get(stack: Stack, key: str) -> bytes | None:
     async def get() -> bytes | None:
-        client = aetcd.Client(host=stack.host, port=stack.etcd_port, timeout=2)
+        client = stack.etcd()
         try:
             got = await client.get(key.encode())
             return None if got is None else got.value
@@ -76,7 +75,7 @@ def etcd_get(stack: Stack, key: str) -> bytes | None:
 
 def etcd_put(stack: Stack, key: str, value: bytes | None) -> None:
     async def put() -> None:
-        client = aetcd.Client(host=stack.host, port=stack.etcd_port, timeout=2)
+        client = stack.etcd()
         try:
             if value is None:
                 await client.delete(key.encode())
@@ -242,10 +241,7 @@ def _http_ok(url: str) -> None:
 
 def test_a_split_posts_likes_still_sum_exactly(stack: Stack, loop: dict[str, Any]) -> None:
     post = f"split-{uuid.uuid4().hex[:8]}"
-    env = {
-        "LIKES_ETCD_HOST": stack.host,
-        "LIKES_ETCD_PORT": str(stack.etcd_port),
-    }
+    env = cli_env(stack)
     result = CliRunner().invoke(hotkeys_cli.app, ["split", post, "--yes", "--json"], env=env)
     assert result.exit_code == 0, result.output
     shown = CliRunner().invoke(hotkeys_cli.app, ["show", post, "--json"], env=env)
@@ -380,7 +376,13 @@ def test_the_gateway_mirrors_reads_to_the_sampler(stack: Stack, loop: dict[str, 
 def test_heat_hints_survive_an_etcd_outage_for_the_grace_period_only(stack: Stack) -> None:
     hot = f"heat-{uuid.uuid4().hex[:8]}"
     clock = {"t": 0.0}
-    heat = EtcdHeat(stack.host, stack.etcd_port, timeout_s=1, clock=lambda: clock["t"])
+    heat = EtcdHeat(
+        stack.host,
+        stack.etcd_port,
+        timeout_s=1,
+        clock=lambda: clock["t"],
+        credentials=stack.etcd_credentials,
+    )
 
     async def refresh() -> None:
         try:
@@ -405,8 +407,15 @@ def test_heat_hints_survive_an_etcd_outage_for_the_grace_period_only(stack: Stac
 
 # -- on-call's CLI --------------------------------------------------------------------------------
 def cli_env(stack: Stack) -> dict[str, str]:
+    """The etcd address and login on-call passes the CLI (LIKES_* variables, as a pod has)."""
     s = stack.settings()
-    return {"LIKES_ETCD_HOST": s.etcd_host, "LIKES_ETCD_PORT": str(s.etcd_port)}
+    assert s.etcd_user is not None and s.etcd_password is not None
+    return {
+        "LIKES_ETCD_HOST": s.etcd_host,
+        "LIKES_ETCD_PORT": str(s.etcd_port),
+        "LIKES_ETCD_USER": s.etcd_user,
+        "LIKES_ETCD_PASSWORD": s.etcd_password.get_secret_value(),
+    }
 
 
 def test_cli_top_lists_the_hot_set_hottest_first_as_json(stack: Stack) -> None:

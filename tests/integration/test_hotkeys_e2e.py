@@ -22,7 +22,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import aetcd
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -124,7 +123,7 @@ def test_zipf_load_with_a_viral_post_through_the_gateway_mirror(stack: Stack) ->
 
     read = f"http://{stack.host}:{stack.layout.ports.read}"
     loop = asyncio.new_event_loop()
-    etcd = aetcd.Client(host=stack.host, port=stack.etcd_port, timeout=2)
+    etcd = stack.etcd()
 
     def flagged(prefix: str) -> set[str]:
         got = loop.run_until_complete(etcd.get_prefix(prefix.encode()))

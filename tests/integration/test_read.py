@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import aetcd
 import jwt
 import pytest
 import redis
@@ -68,7 +67,12 @@ def rc(stack: Stack) -> Iterator[RedisCluster]:
 
 @pytest.fixture
 def cql(stack: Stack) -> Iterator[Session]:
-    cluster = Cluster([stack.host], port=stack.cassandra_port, protocol_version=5)
+    cluster = Cluster(
+        [stack.host],
+        port=stack.cassandra_port,
+        protocol_version=5,
+        auth_provider=stack.cassandra_auth,
+    )
     session = cluster.connect("likes")
     yield session
     cluster.shutdown()
@@ -291,7 +295,7 @@ def test_an_invalid_token_is_401_and_no_token_is_anonymous(
 
 def etcd_put(stack: Stack, key: str, value: str | None) -> None:
     async def go() -> None:
-        async with aetcd.Client(host=stack.host, port=stack.etcd_port) as c:
+        async with stack.etcd() as c:
             if value is None:
                 await c.delete(key.encode())
             else:
@@ -343,7 +347,7 @@ def test_anonymous_cache_control_follows_the_heat_in_etcd(
 @pytest.mark.disruptive
 def test_etcd_unreachable_keeps_the_last_known_heat(stack: Stack) -> None:
     hot = uid("hot")
-    heat = EtcdHeat(stack.host, stack.etcd_port, timeout_s=1.0)
+    heat = EtcdHeat(stack.host, stack.etcd_port, timeout_s=1.0, credentials=stack.etcd_credentials)
 
     async def refresh() -> None:
         await heat.refresh()

@@ -8,15 +8,23 @@ import time
 import uuid
 from pathlib import Path
 
-import aetcd
+import aetcd.exceptions
+import grpc
 import httpx
 import pytest
 import redis
-from cassandra.cluster import Cluster
+from aetcd import rpc
+from cassandra import Unauthorized
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import Cluster, NoHostAvailable
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from redis.cluster import RedisCluster
 
+from local import transforms
+from local.components import cassandra
+from services.contracts import etcd, keys
+from services.schema import cql_roles, etcd_auth
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -91,7 +99,7 @@ def test_idem_store_is_aof_and_keeps_keys_across_a_restart(stack: Stack) -> None
 def test_etcd_put_get_watch(stack: Stack) -> None:
     async def go() -> None:
         prefix = f"/likes/test/{uuid.uuid4()}/".encode()
-        async with aetcd.Client(host=stack.host, port=stack.etcd_port) as client:
+        async with stack.etcd() as client:
             await client.put(prefix + b"a", b"1")
             got = await client.get(prefix + b"a")
             assert got is not None and got.value == b"1"
@@ -165,7 +173,9 @@ def test_kafka_acks_all_produce_and_committed_group_offset(stack: Stack) -> None
 
 
 def test_cassandra_create_insert_select_and_repository_schema(stack: Stack) -> None:
-    cluster = Cluster(["127.0.0.1"], port=stack.cassandra_port)
+    # DDL outside the platform's keyspace: the admin role's (the services' role may not)
+    admin = PlainTextAuthProvider(cql_roles.ADMIN_ROLE, cassandra.admin_password(stack.layout))
+    cluster = Cluster(["127.0.0.1"], port=stack.cassandra_port, auth_provider=admin)
     session = cluster.connect()
     try:
         ks = f"t_{uuid.uuid4().hex[:8]}"
@@ -214,3 +224,113 @@ def test_every_local_redis_requires_the_stacks_password(stack: Stack) -> None:
         if name.startswith(("count-cache", "idem-store", "hot-pool")):
             cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
             assert stack.redis_password not in cmdline, name
+
+
+def test_etcd_requires_the_services_login_and_confines_it_to_the_platform_prefix(
+    stack: Stack,
+) -> None:
+    """The program's etcd runs with auth (its etcd-auth Job); so does the local one, so every
+    etcd client of ours logs in, in every test."""
+    key = f"{etcd.PREFIX}test/{uuid.uuid4()}".encode()
+
+    async def go() -> None:
+        for creds in (None, etcd.Credentials(etcd.SERVICE_USER, "guess")):
+            with pytest.raises(aetcd.exceptions.ClientError):
+                async with etcd.client(stack.host, stack.etcd_port, creds, 2) as c:
+                    await c.get(key)
+        async with stack.etcd() as c:
+            await c.put(key, b"1")
+            with pytest.raises(aetcd.exceptions.ClientError, match="permission denied"):
+                await c.put(b"/not-the-platforms/" + key, b"1")
+            await c.delete(key)
+
+    asyncio.run(go())
+    # a rerun of the bootstrap changes nothing: any change to etcd's auth store would make every
+    # running client's token stale
+    root = transforms.stack_secrets(stack.layout)[transforms.ETCD_ROOT]
+    rerun = etcd_auth.apply(stack.host, stack.etcd_port, root, stack.etcd_credentials)
+    assert asyncio.run(rerun) == []
+
+
+def test_no_secret_of_the_stack_is_on_any_command_line(stack: Stack) -> None:
+    """Passwords reach servers and workloads through files and env, never argv (/proc/*/cmdline
+    is readable by every user of the machine, or pod)."""
+    values = [v for v in transforms.stack_secrets(stack.layout).values() if len(v) >= 8]
+    assert values
+    status = stack.status()
+    assert all(s["pid"] for s in status.values())
+    for name, s in status.items():
+        cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
+        assert not [v for v in values if v in cmdline], name
+
+
+def test_cassandra_requires_the_services_login_and_confines_it_to_the_platform_keyspace(
+    stack: Stack,
+) -> None:
+    """The program's Scylla runs PasswordAuthenticator and CassandraAuthorizer (roles from its
+    migration Job); so does the local Cassandra, so every session of ours logs in, in every test."""
+    user = stack.cassandra_login[0]
+    for refused in (None, (user, "guess"), (cql_roles.DEFAULT_SUPERUSER,) * 2):
+        auth = PlainTextAuthProvider(*refused) if refused else None
+        cluster = Cluster([stack.host], port=stack.cassandra_port, auth_provider=auth)
+        with pytest.raises(NoHostAvailable, match=r"(?i)authenticat"):
+            cluster.connect()
+        cluster.shutdown()
+    cluster = Cluster([stack.host], port=stack.cassandra_port, auth_provider=stack.cassandra_auth)
+    session = cluster.connect(cql_roles.KEYSPACE)
+    try:
+        assert session.execute("SELECT count(*) FROM outbox_pending LIMIT 1").one() is not None
+        with pytest.raises(Unauthorized):
+            session.execute("CREATE TABLE IF NOT EXISTS likes.not_ours (k int PRIMARY KEY)")
+        with pytest.raises(Unauthorized):
+            session.execute("SELECT * FROM system_auth.roles")
+    finally:
+        cluster.shutdown()
+
+
+def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(
+    stack: Stack,
+) -> None:
+    """Rewriting a user's password (the auth Job rotating it) drops every token etcd issued to
+    that user: the running read service must log in again (it drops its client on an error) and
+    keep following the heat hints. A stray grant on the services' role is revoked by a rerun."""
+    post = f"relogin-{uuid.uuid4().hex[:8]}"
+    url = f"{stack.service_url('read')}/v1/posts/{post}/likes"
+    root = transforms.stack_secrets(stack.layout)[transforms.ETCD_ROOT]
+    creds = stack.etcd_credentials
+    key = f"{keys.HEAT_PREFIX}{post}".encode()
+
+    async def rotate_and_repair() -> list[str]:
+        async with stack.etcd() as before:
+            await before.get(key)  # logged in: holds a token
+            async with grpc.aio.insecure_channel(f"{stack.host}:{stack.etcd_port}") as ch:
+                stub = rpc.AuthStub(ch)
+                login = rpc.AuthenticateRequest(name=etcd.ROOT_USER, password=root)
+                md = (("token", (await stub.Authenticate(login)).token),)
+                stray = rpc.Permission(permType=rpc.Permission.READ, key=b"/stray/")
+                grant = rpc.AuthRoleGrantPermissionRequest(name=etcd.SERVICE_ROLE, perm=stray)
+                await stub.RoleGrantPermission(grant, metadata=md)
+                same = rpc.AuthUserChangePasswordRequest(name=creds.user, password=creds.password)
+                await stub.UserChangePassword(same, metadata=md)
+            with pytest.raises(aetcd.exceptions.ClientError, match="invalid auth token"):
+                await before.get(key)
+        repaired = await etcd_auth.apply(stack.host, stack.etcd_port, root, creds)
+        async with stack.etcd() as c:
+            await c.put(key, b"hot")
+        return repaired
+
+    try:
+        assert asyncio.run(rotate_and_repair()) == [f"role revoke {etcd.SERVICE_ROLE} b'/stray/'"]
+        deadline = time.monotonic() + 20
+        got = ""
+        while time.monotonic() < deadline and got != "public, max-age=5":
+            got = httpx.get(url, timeout=5).headers.get("cache-control", "")
+            time.sleep(0.3)
+        assert got == "public, max-age=5"  # the hint written after the rotation
+    finally:
+
+        async def clean() -> None:
+            async with stack.etcd() as c:
+                await c.delete(key)
+
+        asyncio.run(clean())

@@ -111,6 +111,10 @@ PROD_ENDPOINTS: dict[str, Any] = {
     "jwks_url": "https://idp.test/jwks.json",
     "jwt_issuer": "https://idp.test/",
     "redis_password": "pw",
+    "cassandra_user": "likes",
+    "cassandra_password": "pw",
+    "etcd_user": "likes",
+    "etcd_password": "pw",
 }
 CLOUDFLARE: dict[str, Any] = {
     "cdn_purger": "cloudflare",

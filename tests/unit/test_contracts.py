@@ -56,6 +56,10 @@ def endpoints(**overrides: object) -> dict[str, object]:
         "jwks_url": "https://idp.test/jwks.json",
         "jwt_issuer": ISSUER,
         "redis_password": "from-a-secret",
+        "cassandra_user": "likes",
+        "cassandra_password": "from-a-secret",
+        "etcd_user": "likes",
+        "etcd_password": "from-a-secret",
     }
     assert set(values) == set(Settings.ENDPOINTS)  # a new endpoint needs a value here
     values.update(overrides)
@@ -125,6 +129,16 @@ def test_outside_local_endpoints_from_the_env_count_as_set(
     monkeypatch.delenv("LIKES_ETCD_HOST")
     with pytest.raises(ValidationError, match="LIKES_ETCD_HOST"):
         Settings()
+
+
+def test_a_login_is_a_user_and_its_password_or_neither() -> None:
+    """Half a login (the user rendered, the Secret's key missing) must not pass as "no auth"."""
+    for user, password in Settings.LOGINS:
+        assert Settings(**{user: "likes", password: "pw"}).model_dump()[user] == "likes"
+        assert Settings().model_dump()[user] is None  # local: a bare server, no login
+        for half in ({user: "likes"}, {password: "pw"}):
+            with pytest.raises(ValidationError, match=Settings.env_name(password)):
+                Settings(**half)  # type: ignore[arg-type]
 
 
 # -- auth: RS256 against a real JWKS ------------------------------------------------------------
