@@ -21,8 +21,9 @@ livelocked. Now:
   has_liked is an edge-store point read) for `BIG_USER_TTL_S`.
 - An add that takes a filter past its capacity deletes it: the next miss rebuilds a bigger one,
   so the false-positive rate stays near 1 % instead of degrading.
-- Every key has a TTL, so under `volatile-lru` filters are evictable like aggregates: neither can
-  starve the other into OOM errors, and an evicted filter is just a miss.
+- Every key has a TTL and the count-cache evicts (`keys.EVICTION_POLICY`, allkeys-lru), so filters
+  are evictable like aggregates: neither can starve the other into OOM errors, and an evicted
+  filter is just a miss.
 
 Layout of `bloom:{user_id}`:
   bytes 0..3   u32 big-endian, the items added (`BITFIELD ... INCRBY u32 0 1` on a new item)

@@ -25,6 +25,7 @@ from services.client import LikesClient
 from services.contracts import clients, keys
 from services.recount import core
 from tests.conftest import LIKES, Stack
+from tests.integration.test_aggregator import wait_for
 
 pytestmark = pytest.mark.stack
 
@@ -72,17 +73,6 @@ def cells(cql: Session, post: str) -> dict[str, tuple[int, int]]:
 
 def cached(rc: RedisCluster, post: str) -> dict[str, Any] | None:
     return cache.read_aggregate(rc, post)
-
-
-def wait_for(fn: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def counted(rc: RedisCluster, cql: Session, post: str, n: int) -> Callable[[], bool]:
