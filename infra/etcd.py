@@ -189,25 +189,16 @@ class Etcd(pulumi.ComponentResource):
         k8s.batch.v1.Job(
             f"{name}-auth",
             metadata=kx.meta(f"{name}-auth", ns, lbls),
-            spec=k8s.batch.v1.JobSpecArgs(
-                backoff_limit=20,  # retried until the members have formed a cluster
-                template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
-                    spec=kx.core.PodSpecArgs(
-                        restart_policy="OnFailure",
-                        automount_service_account_token=False,
-                        security_context=kx.pod_security(),
-                        containers=[
-                            kx.core.ContainerArgs(
-                                name="auth",
-                                image=args.auth_image,
-                                command=["python", "-m", etcd_auth.__name__],
-                                env=env,
-                                resources=kx.resources("100m", "128Mi"),
-                                security_context=kx.security(),
-                            )
-                        ],
-                    ),
+            # retried until the members have formed a cluster
+            spec=kx.setup_job_spec(
+                lbls,
+                kx.core.ContainerArgs(
+                    name="auth",
+                    image=args.auth_image,
+                    command=["python", "-m", etcd_auth.__name__],
+                    env=env,
+                    resources=kx.resources("100m", "128Mi"),
+                    security_context=kx.security(),
                 ),
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[sts, *secrets]),

@@ -176,6 +176,29 @@ def secret_env(name: str, secret: str, key: str) -> core.EnvVarArgs:
     )
 
 
+def setup_job_spec(
+    labels: Mapping[str, str],
+    container: core.ContainerArgs,
+    volumes: Sequence[core.VolumeArgs] | None = None,
+    backoff_limit: int = 20,
+) -> k8s.batch.v1.JobSpecArgs:
+    """A setup step run to completion (schema migration, store logins): restarted on failure
+    until its store is ready, no service-account token, non-root."""
+    return k8s.batch.v1.JobSpecArgs(
+        backoff_limit=backoff_limit,
+        template=core.PodTemplateSpecArgs(
+            metadata=meta_v1.ObjectMetaArgs(labels=dict(labels)),
+            spec=core.PodSpecArgs(
+                restart_policy="OnFailure",
+                automount_service_account_token=False,
+                security_context=pod_security(),
+                containers=[container],
+                volumes=list(volumes) if volumes is not None else None,
+            ),
+        ),
+    )
+
+
 def rolling_update() -> k8s.apps.v1.DeploymentStrategyArgs:
     """Never fewer ready pods than wanted during a rollout; a quarter more at most."""
     return k8s.apps.v1.DeploymentStrategyArgs(

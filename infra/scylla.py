@@ -165,42 +165,32 @@ class Scylla(pulumi.ComponentResource):
         k8s.batch.v1.Job(
             f"{name}-migrate",
             metadata=kx.meta(f"scylla-migrate-{digest}", ns, lbls),
-            spec=k8s.batch.v1.JobSpecArgs(
-                backoff_limit=20,
-                template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
-                    spec=kx.core.PodSpecArgs(
-                        restart_policy="OnFailure",
-                        automount_service_account_token=False,
-                        security_context=kx.pod_security(),
-                        containers=[
-                            kx.core.ContainerArgs(
-                                name="migrate",
-                                image=args.migration_image,
-                                command=["python", "-m", migrate.__name__],
-                                env=kx.env(
-                                    {
-                                        migrate.CONTACT_POINTS_ENV: self.contact_points,
-                                        migrate.LOCAL_DC_ENV: args.datacenter,
-                                        migrate.REPLICATION_ENV: json.dumps(rf, sort_keys=True),
-                                        migrate.CQL_DIR_ENV: CQL_MOUNT,
-                                        migrate.ADMIN_PASSWORD_ENV: kx.SecretRef(
-                                            cql_roles.ADMIN_SECRET, cql_roles.PASSWORD_KEY
-                                        ),
-                                        migrate.SERVICE_PASSWORD_ENV: kx.SecretRef(
-                                            cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY
-                                        ),
-                                        "PYTHONDONTWRITEBYTECODE": "1",
-                                    }
-                                ),
-                                resources=kx.resources("250m", "256Mi"),
-                                security_context=kx.security(),
-                                volume_mounts=[kx.mount("cql", CQL_MOUNT, read_only=True)],
-                            )
-                        ],
-                        volumes=[kx.config_volume("cql", "scylla-cql")],
+            spec=kx.setup_job_spec(
+                lbls,
+                kx.core.ContainerArgs(
+                    name="migrate",
+                    image=args.migration_image,
+                    command=["python", "-m", migrate.__name__],
+                    env=kx.env(
+                        {
+                            migrate.CONTACT_POINTS_ENV: self.contact_points,
+                            migrate.LOCAL_DC_ENV: args.datacenter,
+                            migrate.REPLICATION_ENV: json.dumps(rf, sort_keys=True),
+                            migrate.CQL_DIR_ENV: CQL_MOUNT,
+                            migrate.ADMIN_PASSWORD_ENV: kx.SecretRef(
+                                cql_roles.ADMIN_SECRET, cql_roles.PASSWORD_KEY
+                            ),
+                            migrate.SERVICE_PASSWORD_ENV: kx.SecretRef(
+                                cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY
+                            ),
+                            "PYTHONDONTWRITEBYTECODE": "1",
+                        }
                     ),
+                    resources=kx.resources("250m", "256Mi"),
+                    security_context=kx.security(),
+                    volume_mounts=[kx.mount("cql", CQL_MOUNT, read_only=True)],
                 ),
+                volumes=[kx.config_volume("cql", "scylla-cql")],
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[scylla, cql, *secrets]),
         )
