@@ -59,28 +59,40 @@ class SmallCache:
     """One redis-server owning every slot, with maxmemory and the program's eviction policy."""
 
     def __init__(self, home: Path, password: str) -> None:
-        self.port = free_port()
         self.password = password
-        conf = home / "redis.conf"
-        conf.write_text(
-            "\n".join(
-                [
-                    "bind 127.0.0.1", f"port {self.port}", f"dir {home}", "save \"\"",
-                    "appendonly no", "cluster-enabled yes", "cluster-config-file nodes.conf",
-                    f"maxmemory {MAXMEMORY_MB}mb",
-                    f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
-                    f"requirepass {password}", "",
-                ]
+        # a port picked free can be taken before the server binds it (another process's
+        # ephemeral port): start again on a new one rather than fail the module
+        for attempt in range(5):
+            self.port = free_port()
+            conf = home / f"redis-{attempt}.conf"
+            conf.write_text(
+                "\n".join(
+                    [
+                        "bind 127.0.0.1", f"port {self.port}", f"dir {home}", "save \"\"",
+                        "appendonly no", "cluster-enabled yes",
+                        f"cluster-config-file nodes-{attempt}.conf",
+                        f"maxmemory {MAXMEMORY_MB}mb",
+                        f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
+                        f"requirepass {password}", "",
+                    ]
+                )
+            )  # fmt: skip
+            conf.chmod(0o600)
+            log = (home / f"redis-{attempt}.log").open("wb")
+            self.proc = subprocess.Popen(
+                [redis_server_bin(), str(conf)], stdout=log, stderr=subprocess.STDOUT
             )
-        )  # fmt: skip
-        conf.chmod(0o600)
-        self.proc = subprocess.Popen(
-            [redis_server_bin(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
-        self.r = redis.Redis(
-            host="127.0.0.1", port=self.port, password=password, decode_responses=True
-        )
-        wait_for(self._pingable, timeout=20, what="the small count-cache")
+            self.r = redis.Redis(
+                host="127.0.0.1", port=self.port, password=password, decode_responses=True
+            )
+            deadline = time.monotonic() + 30
+            while self.proc.poll() is None and not self._pingable():
+                assert time.monotonic() < deadline, (home / f"redis-{attempt}.log").read_text()
+                time.sleep(0.2)
+            if self.proc.poll() is None:
+                break
+        else:
+            raise AssertionError(f"the small count-cache did not start: see {home}")
         self.r.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
         wait_for(
             lambda: "cluster_state:ok" in self.r.execute_command("CLUSTER", "INFO"),
