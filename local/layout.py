@@ -21,6 +21,15 @@ class Ports:
 
     offset: int = 0
 
+    def every(self) -> set[int]:
+        """Every port a stack at this offset listens on (two stacks must not share one)."""
+        found: set[int] = set()
+        for name, attr in vars(Ports).items():
+            if isinstance(attr, property):
+                value = getattr(self, name)
+                found.update(value if isinstance(value, list) else [value])
+        return found
+
     def _p(self, port: int) -> int:
         return port + self.offset
 
@@ -54,7 +63,13 @@ class Ports:
 
     @property
     def cassandra_storage(self) -> int:
-        return self._p(7000)
+        # Not 7000: with the test stack's offset 1000 it would land on the default stack's gateway.
+        return self._p(7050)
+
+    @property
+    def cassandra_jmx(self) -> int:
+        # Loopback-only (cassandra.jmx.local.port), for nodetool; Cassandra's own default is 7199.
+        return self._p(7249)
 
     @property
     def schema_registry(self) -> int:
@@ -98,7 +113,8 @@ class Ports:
 
     @property
     def gateway_admin(self) -> int:
-        return self._p(8001)
+        # Not 8001: count-cache-1 (7001) of a stack at offset 1000 would land on it.
+        return self._p(8009)
 
     @property
     def ratelimit_http(self) -> int:

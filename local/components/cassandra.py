@@ -181,9 +181,7 @@ class Cassandra(Component):
 
     @property
     def jmx_port(self) -> int:
-        # 7199 is Cassandra's own JMX default; derived from the storage port so a second stack at a
-        # port offset moves with it. Loopback-only (cassandra.jmx.local.port), for nodetool.
-        return self.layout.ports.cassandra_storage + 199
+        return self.layout.ports.cassandra_jmx
 
     # -- servers ---------------------------------------------------------------------------
     def servers(self) -> list[Server]:

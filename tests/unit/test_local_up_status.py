@@ -104,3 +104,15 @@ def test_a_second_up_waits_for_a_running_server_like_the_first(
     assert code == 0, output
     assert up["scripted"]["healthy"] is True
     assert "not ready now" in output
+
+
+def test_the_default_and_test_stacks_share_no_port() -> None:
+    # The default stack (offset 0), the test session's (1000) and test_gateway's own gateway (7000)
+    # run side by side on a developer's machine; a shared port makes one fail to start or, worse,
+    # answer for the other (offset 1000 once put count-cache-1 on the default gateway's admin port).
+    offsets = [0, 1000, 7000]
+    for i, a in enumerate(offsets):
+        for b in offsets[i + 1 :]:
+            shared = layout.Ports(a).every() & layout.Ports(b).every()
+            assert not shared, f"offsets {a} and {b} share ports {sorted(shared)}"
+    assert layout.Ports(0).cassandra_jmx in layout.Ports(0).every()
