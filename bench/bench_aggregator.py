@@ -9,9 +9,10 @@ the same run, times
   1. a bare consumer reading and deserializing every message (the baseline), and
   2. the aggregator (dedup, windows, counter-store CAS, count-cache, purge, commit) from the first
      offset until its committed offsets reach the end of the topic,
-and prints events/s of both, their ratio, events per counter-store write (overall and for the
-viral post), whether every post's cells sum exactly to its events, and one JSON line with all of
-it. No assertions.
+and prints events/s of both, their ratio, what always-replicate cost (time copying aggregates
+into the 4 hot pools, their memory per post; `--no-hot-pools` runs without it), events per
+counter-store write (overall and for the viral post), whether every post's cells sum exactly to
+its events, and one JSON line with all of it. No assertions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import uuid
 from collections import Counter
 
+import redis as redis_py
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -35,7 +37,7 @@ from local import layout
 from local.components import cassandra, redis
 from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
-from services.contracts import clients, events, keys, topics
+from services.contracts import clients, events, hotkeys, keys, topics
 
 
 def zipf_cdf(n: int, s: float) -> list[float]:
@@ -43,7 +45,7 @@ def zipf_cdf(n: int, s: float) -> list[float]:
     return list(itertools.accumulate(weights))
 
 
-def settings_for(lay: layout.Layout, prefix: str) -> AggregatorSettings:
+def settings_for(lay: layout.Layout, prefix: str, always_replicate: bool) -> AggregatorSettings:
     ports = lay.ports
     brokers = ports.kafka_brokers[: lay.kafka_brokers]
     return AggregatorSettings(
@@ -51,6 +53,8 @@ def settings_for(lay: layout.Layout, prefix: str) -> AggregatorSettings:
         schema_registry_url=f"http://{layout.HOST}:{ports.schema_registry}",
         cassandra_port=ports.cassandra_native,
         count_cache_nodes=",".join(f"{layout.HOST}:{p}" for p in ports.count_cache),
+        hot_pools=",".join(f"{layout.HOST}:{p}" for p in ports.hot_pools),
+        agg_always_replicate=always_replicate,
         agg_topic_prefix=prefix,
         agg_group_id=f"{prefix}aggregator",
         agg_dedup_capacity=100_000,
@@ -127,6 +131,25 @@ def sample(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
 
 
+def hot_pool_cost(s: AggregatorSettings, truth: Counter[str]) -> dict[str, float]:
+    """What always-replicate cost this run: time in the copies, copies written, and the memory a
+    post's copy takes in each pool (MEMORY USAGE over a sample, times the pools)."""
+    seconds = sample("likes_aggregator_hot_pool_copy_seconds_sum")
+    written = (
+        REGISTRY.get_sample_value("likes_aggregator_hot_pool_copies_total", {"result": "written"})
+        or 0.0
+    )
+    host, port = s.hot_pool_addresses[0]
+    r = redis_py.Redis(host=host, port=port, password=s.redis_auth)
+    sizes = [r.memory_usage(keys.count_key(p)) for p in list(truth)[:200]]
+    per_copy = [b for b in sizes if b]
+    r.close()
+    bytes_per_post = (sum(per_copy) / len(per_copy) if per_copy else 0.0) * len(
+        s.hot_pool_addresses
+    )
+    return {"copy_seconds": seconds, "copies_written": written, "bytes_per_post": bytes_per_post}
+
+
 def run_aggregator(s: AggregatorSettings, n: int) -> tuple[float, dict[str, float]]:
     topic = s.topic(events.COMMITTED)
     agg, cluster = build(s)
@@ -173,11 +196,16 @@ def main() -> None:
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--no-hot-pools",
+        action="store_true",
+        help="turn always-replicate off (compare a run without the hot-pool copies)",
+    )
     args = ap.parse_args()
 
     lay = layout.from_env()
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
-    s = settings_for(lay, prefix)
+    s = settings_for(lay, prefix, not args.no_hot_pools)
     specs = [
         topics.TopicSpec(prefix + t, args.partitions, {})
         for t in (*events.EVENT_TOPICS, events.DEAD_LETTER)
@@ -191,6 +219,7 @@ def main() -> None:
         raw_s = raw_consume(s, args.events)
         agg_s, d = run_aggregator(s, args.events)
         exact = cells_match(s, truth)
+        hot = hot_pool_cost(s, truth) if s.agg_always_replicate else None
     finally:
         AdminClient({"bootstrap.servers": s.kafka_bootstrap}).delete_topics([x.name for x in specs])
     raw_rate = args.events / raw_s
@@ -210,7 +239,16 @@ def main() -> None:
     viral = truth.most_common(1)[0][1] / max(d["likes_aggregator_windows_flushed_total"], 1)
     print(f"viral post              : {viral:10.1f} events per cell write")
     print(f"exact                   : {exact}")
+    if hot is not None:
+        pools, ttl = len(s.hot_pool_addresses), hotkeys.ALWAYS_REPLICATE_TTL_S
+        print(f"always-replicate        : {hot['copy_seconds']:10.2f} s copying "
+              f"({hot['copy_seconds'] / agg_s:.1%} of the run), "
+              f"{hot['copies_written']:.0f} copies written, "
+              f"{hot['bytes_per_post']:.0f} B/post in {pools} pools for {ttl} s")  # fmt: skip
     print(json.dumps({
+        "always_replicate": hot is not None,
+        "hot_pool_copy_share": round(hot["copy_seconds"] / agg_s, 4) if hot else None,
+        "hot_pool_bytes_per_post": round(hot["bytes_per_post"]) if hot else None,
         "raw_events_s": round(raw_rate), "aggregator_events_s": round(agg_rate),
         "ratio": round(agg_rate / raw_rate, 3), "collapse": round(collapse, 1),
         "viral_events_per_write": round(viral, 1), "exact": exact,

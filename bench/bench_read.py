@@ -13,6 +13,9 @@ HTTP/1.1 client, so the client is not the bottleneck), at a fixed concurrency:
   a. anonymous GET /v1/posts/{id}/likes (the CDN-miss shape),
   b. authenticated GET (adds JWT verification and the user's Bloom filter; the filter says "no"),
   c. POST /v1/posts/likes:batch with 50 ids (per request; one pipeline),
+  d. degraded: anonymous GET on a second read service whose count-cache is down (a dead
+     address), so every count is a counter-store SUM; against a bare ASGI app making that one
+     SUM query (the same prepared statement, the same login) — every answer must still be 2xx,
 and prints requests/s, p50, p99 and the ratios to the baseline. No assertions.
 """
 
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import json
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -89,6 +93,52 @@ def baseline_app() -> Any:
                 ],
             }
         )
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def sum_baseline_app() -> Any:
+    """A bare ASGI app: one counter-store SUM (all of the post's cells, one partition read) per
+    request, as the read service's degraded tier makes it."""
+    from cassandra.query import PreparedStatement
+
+    from services.contracts import clients
+    from services.contracts.settings import Settings
+
+    settings = Settings()
+    state: dict[str, Any] = {}
+
+    async def query(post_id: str) -> int:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        rf = state["session"].execute_async(state["q"], [post_id])
+        rf.add_callbacks(
+            lambda rows: loop.call_soon_threadsafe(fut.set_result, rows),
+            lambda exc: loop.call_soon_threadsafe(fut.set_exception, exc),
+        )
+        rows = await fut
+        return sum(r.value for r in rows)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    cluster, session = clients.cassandra(settings)
+                    q: PreparedStatement = session.prepare(
+                        "SELECT value, reactions FROM counter_cells WHERE post_id = ?"
+                    )
+                    state.update(cluster=cluster, session=session, q=q)
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    state["cluster"].shutdown()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        post_id = scope["path"].split("/")[3] if scope["path"].count("/") >= 3 else "x"
+        body = json.dumps({"post_id": post_id, "count": await query(post_id)}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     return app
@@ -268,7 +318,12 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--posts", type=int, default=1000)
-    ap.add_argument("--port", type=int, default=18480, help="baseline port; the service's is +1")
+    ap.add_argument(
+        "--port",
+        type=int,
+        default=18480,
+        help="baseline port; the service's is +1, the SUM baseline's +2, the degraded service's +3",
+    )
     ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.loadgen:
@@ -315,6 +370,16 @@ def main() -> None:
         )
         pipe.set(keys.sub_key(p, 0), i)
     pipe.execute()
+    # the same counts as counter-store cells: what the degraded tier (and its baseline) SUMs
+    from services.contracts import clients
+
+    cluster, session = clients.cassandra(settings, request_timeout=10.0)
+    insert = session.prepare(
+        "INSERT INTO counter_cells (post_id, region, shard, value, applied_window, reactions, "
+        "updated_at) VALUES (?, 'bench', 0, ?, 0, ?, toTimestamp(now()))"
+    )
+    for i, p in enumerate(post_ids):
+        session.execute(insert, [p, i, {"like": i}])
     user = f"bench-user-{run}"
     # a filter that says "no" to every bench post (writers only add to existing filters)
     rc.set(keys.bloom_key(user), bloom.build([f"not-a-bench-post-{run}"]), ex=3600)
@@ -322,7 +387,10 @@ def main() -> None:
 
     uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log"]
     uvicorn += ["--log-level", "warning"]
-    base_port, read_port = args.port, args.port + 1
+    base_port, read_port, sum_port, degraded_port = (args.port + i for i in range(4))
+    dead = socket.socket()  # a port bound and never listened on: the count-cache "down"
+    dead.bind(("127.0.0.1", 0))
+    degraded_env = {**env, "LIKES_COUNT_CACHE_NODES": f"127.0.0.1:{dead.getsockname()[1]}"}
     batches = [
         post_json("/v1/posts/likes:batch", {"post_ids": random.sample(post_ids, 50)})
         for _ in range(200)
@@ -337,12 +405,23 @@ def main() -> None:
             [get(f"/v1/posts/{p}/likes", {"Authorization": f"Bearer {token}"}) for p in post_ids],
         ),
         ("read: batch of 50 (per request)", read_port, batches),
+        (
+            "baseline: one counter-store SUM",
+            sum_port,
+            [get(f"/v1/posts/{p}/likes") for p in post_ids],
+        ),
+        (
+            "read: degraded (count-cache down)",
+            degraded_port,
+            [get(f"/v1/posts/{p}/likes") for p in post_ids],
+        ),
     ]
     # each service scenario against its own baseline (issue 10's table)
     baseline_of = {
         "read: anonymous GET": "baseline: one Redis GET",
         "read: authenticated GET": "baseline: one Redis GET",
         "read: batch of 50 (per request)": "baseline: one MGET of 50",
+        "read: degraded (count-cache down)": "baseline: one counter-store SUM",
     }
     procs = []
     try:
@@ -366,6 +445,32 @@ def main() -> None:
                 read_port,
             )
         )
+        procs.append(
+            serve(
+                [
+                    *uvicorn,
+                    "--port",
+                    str(sum_port),
+                    "--factory",
+                    "bench.bench_read:sum_baseline_app",
+                ],
+                env,
+                sum_port,
+            )
+        )
+        procs.append(
+            serve(
+                [
+                    *uvicorn,
+                    "--port",
+                    str(degraded_port),
+                    "--factory",
+                    "services.read.main:create_app",
+                ],
+                degraded_env,
+                degraded_port,
+            )
+        )
         results = []
         for name, port, reqs in scenarios:
             r = run_load(port, reqs, args.concurrency, args.duration, args.warmup)
@@ -377,7 +482,8 @@ def main() -> None:
             )
         # which tiers answered: a fall-through under load (a missed Redis deadline) shows here
         tiers = _tier_counts(read_port)
-        exact = _exact(read_port, post_ids)
+        degraded_tiers = _tier_counts(degraded_port)
+        exact = _exact(read_port, post_ids) and _exact(degraded_port, post_ids)
     finally:
         for proc in procs:
             proc.terminate()
@@ -391,9 +497,17 @@ def main() -> None:
             for p in post_ids[i : i + 200]:
                 rc.delete(keys.count_key(p), keys.sub_key(p, 0))
         rc.close()
+        delete = session.prepare("DELETE FROM counter_cells WHERE post_id = ?")
+        for p in post_ids:
+            session.execute(delete, [p])
+        cluster.shutdown()
+        dead.close()
 
     by_name = dict(results)
     print("\nread service answers by tier:", ", ".join(f"{t}={n:.0f}" for t, n in tiers.items()))
+    print(
+        "degraded service, by tier:", ", ".join(f"{t}={n:.0f}" for t, n in degraded_tiers.items())
+    )
     print(f"\nconcurrency {args.concurrency}, {args.duration:.0f} s per scenario, warm counts")
     summary: dict[str, Any] = {}
     for name, base_name in baseline_of.items():

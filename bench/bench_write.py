@@ -11,10 +11,14 @@ Needs a running local stack (`likes local up`). Runs, on the same stack, one aft
   2. the write service (`services.write.main:create_app` under uvicorn, the stack's rendered env),
      driven over HTTP with RS256 tokens from the stack's issuer by bench_read's load generator (a
      separate process). No gateway.
+  3. like → visible: at half the rate the write service just reached, each like on a post of its
+     own, the time from sending the like to the stack's read service answering count 1 (polled
+     every 25 ms through the batch route): p50/p99 (issue 10's goal: p99 ≤ 1.5 s).
 Every like is distinct (its own user; 500 posts). At the end every like the service accepted must
 be a liked edge, and every bench post's count must converge to its distinct likers (the one
 definition in services/contracts/convergence.py). Prints likes/s, p50, p99, and one JSON line:
-{"baseline": {...}, "write": {...}, "ratio": write/baseline likes/s, "exact": true|false}.
+{"baseline": {...}, "write": {...}, "ratio": write/baseline likes/s, "visible": {...},
+"exact": true|false}.
 No assertions: a benchmark reports.
 """
 
@@ -176,6 +180,79 @@ def exact(settings: Any, liked: list[tuple[str, str]], read_url: str) -> tuple[b
     return result.converged, str(result)
 
 
+async def like_to_visible(
+    write_url: str, read_url: str, token_for: Any, rate: float, duration: float, run: str
+) -> dict[str, Any]:
+    """Open loop at `rate` likes/s for `duration` s, each on its own post; per like, seconds from
+    sending it to the read path answering count >= 1. A like not visible within 30 s counts as
+    30 s (and in `late`)."""
+    import time
+
+    import httpx
+
+    sent: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    refused = 0
+
+    async def like(client: httpx.AsyncClient, i: int) -> None:
+        nonlocal refused
+        user, post = f"bench-{run}-vu{i}", f"bench-{run}-v{i}"
+        sent[post] = time.perf_counter()
+        r = await client.post(
+            f"{write_url}/v1/likes",
+            json={"post_id": post, "action": "like"},
+            headers={"Authorization": f"Bearer {token_for(user)}",
+                     "Idempotency-Key": str(uuid.uuid4())},
+        )  # fmt: skip
+        if r.status_code != 202:
+            refused += 1
+            sent.pop(post, None)
+
+    async def poll(client: httpx.AsyncClient, done: asyncio.Event) -> None:
+        while not (done.is_set() and len(seen) >= len(sent)):
+            pending = [p for p in sent if p not in seen]
+            for i in range(0, len(pending), 50):
+                chunk = pending[i : i + 50]
+                r = await client.post(f"{read_url}/v1/posts/likes:batch", json={"post_ids": chunk})
+                now = time.perf_counter()
+                for post, item in zip(chunk, r.json()["items"], strict=True):
+                    if (item.get("count") or 0) >= 1:
+                        seen.setdefault(post, now)
+            if done.is_set() and pending and now - max(sent[p] for p in pending) > 30:
+                break
+            await asyncio.sleep(0.025)
+
+    limits = httpx.Limits(max_connections=64)
+    async with (
+        httpx.AsyncClient(timeout=10, limits=limits) as w,
+        httpx.AsyncClient(timeout=10) as r,
+    ):
+        done = asyncio.Event()
+        poller = asyncio.create_task(poll(r, done))
+        tasks = []
+        start = time.perf_counter()
+        i = 0
+        while time.perf_counter() - start < duration:
+            tasks.append(asyncio.create_task(like(w, i)))
+            i += 1
+            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+        await asyncio.gather(*tasks)
+        done.set()
+        await poller
+    lat = sorted(seen.get(p, sent[p] + 30) - sent[p] for p in sent)
+    late = sum(1 for p in sent if p not in seen)
+    if not lat:
+        return {"n": 0, "refused": refused}
+    return {
+        "rate": round(rate, 1),
+        "n": len(lat),
+        "p50_ms": round(lat[len(lat) // 2] * 1000, 1),
+        "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1),
+        "late": late,
+        "refused": refused,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--concurrency", type=int, default=16)
@@ -183,6 +260,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--requests", type=int, default=20000, help="distinct likes prepared")
     ap.add_argument("--port", type=int, default=18581, help="the write service's port")
+    ap.add_argument(
+        "--visible-duration", type=float, default=10.0, help="seconds of the like → visible run"
+    )
     args = ap.parse_args()
 
     from local import layout, transforms
@@ -209,6 +289,17 @@ def main() -> None:
     proc = serve([*uvicorn, "services.write.main:create_app"], env, args.port)
     try:
         w = run_load(args.port, reqs, args.concurrency, args.duration, args.warmup, record=True)
+        print("like → visible at half that rate ...", flush=True)
+        visible = asyncio.run(
+            like_to_visible(
+                f"http://127.0.0.1:{args.port}",
+                f"http://{layout.HOST}:{lay.ports.read}",
+                lambda user: transforms.sign_token(lay, user),
+                max(1.0, w["rps"] / 2),
+                args.visible_duration,
+                run,
+            )
+        )
     finally:
         proc.terminate()
         try:
@@ -219,12 +310,18 @@ def main() -> None:
     print(f"{'write: POST /v1/likes':28s} {w['rps']:8.0f} likes/s  p50 {w['p50_ms']:7.2f} ms"
           f"  p99 {w['p99_ms']:7.2f} ms", flush=True)  # fmt: skip
     ok, why = exact(settings, [pairs[i] for i in sent], f"http://{layout.HOST}:{lay.ports.read}")
+    print(f"{'like → visible count':28s} {visible.get('rate', 0):8.1f} likes/s  "
+          f"p50 {visible.get('p50_ms', float('nan')):7.1f} ms  "
+          f"p99 {visible.get('p99_ms', float('nan')):7.1f} ms  "
+          f"(n={visible['n']}, not visible in 30 s: {visible.get('late', 0)}, "
+          f"refused: {visible['refused']})", flush=True)  # fmt: skip
     print(f"exact: {ok} ({len(sent)} likes sent; {why})")
     ratio = w["rps"] / base["rps"] if base["rps"] else float("nan")
     p99 = w["p99_ms"] / base["p99_ms"]
     print(f"\nconcurrency {args.concurrency}, {args.duration:.0f} s each, distinct likes: "
           f"{ratio:.2f}x the baseline's likes/s, p99 {p99:.2f}x")  # fmt: skip
-    print(json.dumps({"baseline": base, "write": w, "ratio": round(ratio, 3), "exact": ok}))
+    print(json.dumps({"baseline": base, "write": w, "ratio": round(ratio, 3), "visible": visible,
+                      "exact": ok}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -132,7 +132,6 @@ class RedisConfig(_Model):
     replicas_per_shard: Count = 1
     count_cache_memory_gi: Count
     hot_pools: Count = 4
-    hot_pool_replicas: Count = 3
     idem_store_shards: Annotated[int, Field(ge=3)] = 3
     idem_store_memory_gi: Count
     idem_store_storage_gi: Count

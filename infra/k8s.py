@@ -317,6 +317,18 @@ def config_volume(name: str, config_map: str) -> core.VolumeArgs:
     return core.VolumeArgs(name=name, config_map=core.ConfigMapVolumeSourceArgs(name=config_map))
 
 
+def secret_volume(name: str, secret: str, items: dict[str, str]) -> core.VolumeArgs:
+    """A Secret's keys as files (key → path), readable by the pod's fsGroup only (0440)."""
+    return core.VolumeArgs(
+        name=name,
+        secret=core.SecretVolumeSourceArgs(
+            secret_name=secret,
+            default_mode=0o440,
+            items=[core.KeyToPathArgs(key=k, path=v) for k, v in items.items()],
+        ),
+    )
+
+
 def empty_dir(name: str, size: str = "256Mi") -> core.VolumeArgs:
     return core.VolumeArgs(name=name, empty_dir=core.EmptyDirVolumeSourceArgs(size_limit=size))
 

@@ -69,7 +69,6 @@ def main() -> None:
             replicas_per_shard=cfg.redis.replicas_per_shard,
             count_cache_memory_gi=cfg.redis.count_cache_memory_gi,
             hot_pools=cfg.redis.hot_pools,
-            hot_pool_replicas=cfg.redis.hot_pool_replicas,
             idem_store_shards=cfg.redis.idem_store_shards,
             idem_store_memory_gi=cfg.redis.idem_store_memory_gi,
             idem_store_storage_gi=cfg.redis.idem_store_storage_gi,
@@ -290,7 +289,9 @@ def workload_env(
             "cloudflare_api_token": kx.SecretRef(services.CDN_PURGE_SECRET, "token"),
             # MirrorMaker 2 brings the peers' events here: refresh their posts (review D3)
             "agg_peer_regions": ",".join(p.region for p in cfg.peers),
+            "hot_pools": ",".join(hot_pools),  # always-replicate (contracts/hotkeys.py)
         },
+        workloads.READ.name: {"hot_pools": ",".join(hot_pools)},
         workloads.HOTKEY_OPERATOR.name: {"hot_pools": ",".join(hot_pools)},
     }
     return {

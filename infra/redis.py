@@ -1,5 +1,16 @@
 """Redis: the count-cache cluster, the hot pools the operator replicates hot counts into, and the
-AOF-persisted idem-store cluster. On-cluster rather than ElastiCache: see infra/README.md."""
+AOF-persisted idem-store cluster. On-cluster rather than ElastiCache: see infra/README.md.
+
+The password reaches redis-server as a config file (`include`d by redis.conf) from the `redis-auth`
+Secret, never as argv: `--requirepass $(REDIS_PASSWORD)` shows in `ps` and in the pod spec's
+expanded command.
+
+Hot pools are four *addressable* servers, one pod each: a hot post's copy is written to a named
+pool and read back from that same server. (They were 3-pod StatefulSets of independent servers
+behind one DNS name, so a copy landed on one pod and most reads asked another and missed: review
+C10.) Read capacity for a hot key is 4 pools, one Redis each, behind the CDN; a pool that dies is a
+miss that falls back to the count-cache until its StatefulSet restarts it and the next copy lands.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +26,8 @@ PORT = 6379
 BUS_PORT = 16379
 REDIS_UID = 999  # the official image's redis user
 AUTH_SECRET = "redis-auth"
+AUTH_CONF_KEY = "auth.conf"  # the Secret's key holding `requirepass`/`masterauth` lines
+AUTH_CONF_DIR = "/etc/redis-auth"
 
 
 @dataclass(frozen=True)
@@ -26,7 +39,6 @@ class RedisArgs:
     replicas_per_shard: int
     count_cache_memory_gi: int
     hot_pools: int
-    hot_pool_replicas: int
     idem_store_shards: int
     idem_store_memory_gi: int
     idem_store_storage_gi: int
@@ -43,6 +55,8 @@ def redis_conf(*, cluster: bool, memory_gi: int, policy: str, aof: bool) -> str:
         f"maxmemory {int(memory_gi * 0.8 * 1024)}mb",
         f"maxmemory-policy {policy}",
         "tcp-keepalive 60",
+        # requirepass/masterauth, from the redis-auth Secret (never argv)
+        f"include {AUTH_CONF_DIR}/{AUTH_CONF_KEY}",
     ]
     if cluster:
         lines += [
@@ -88,7 +102,12 @@ class Redis(pulumi.ComponentResource):
             f"{name}-auth",
             metadata=kx.meta(AUTH_SECRET, args.namespace, kx.labels("redis", "auth", "datastore")),
             type="Opaque",
-            string_data={"password": args.password},
+            string_data={
+                "password": args.password,
+                AUTH_CONF_KEY: pulumi.Output.concat(
+                    "requirepass ", args.password, "\nmasterauth ", args.password, "\n"
+                ),
+            },
             opts=pulumi.ResourceOptions(parent=self),
         )
         roles = [
@@ -127,7 +146,7 @@ class Redis(pulumi.ComponentResource):
             _Role(
                 f"hot-pool-{i}",
                 "hot-pool",
-                args.hot_pool_replicas,
+                1,  # one addressable server per pool (see the module docstring)
                 max(1, args.count_cache_memory_gi // 4),
                 redis_conf(
                     cluster=False,
@@ -146,7 +165,10 @@ class Redis(pulumi.ComponentResource):
         suffix = f"{args.namespace}.svc.cluster.local:{PORT}"
         self.count_cache_seeds = f"count-cache.{suffix}"
         self.idem_store_seeds = f"idem-store.{suffix}"
-        self.hot_pool_endpoints = [f"hot-pool-{i}.{suffix}" for i in range(args.hot_pools)]
+        # the pool's one pod by its stable name: writes and reads reach the same server
+        self.hot_pool_endpoints = [
+            f"hot-pool-{i}-0.hot-pool-{i}.{suffix}" for i in range(args.hot_pools)
+        ]
         self.register_outputs(
             {
                 "count_cache_seeds": self.count_cache_seeds,
@@ -173,9 +195,9 @@ class Redis(pulumi.ComponentResource):
         kx.headless_service(role.name, ns, lbls, match, ports, child, publish_not_ready=True)
         kx.service_account(role.name, ns, lbls, child)
         host = f"$(POD_NAME).{role.name}.{ns}.svc.cluster.local"
-        command = ["redis-server", "/etc/redis/redis.conf", "--requirepass", "$(REDIS_PASSWORD)"]
+        command = ["redis-server", "/etc/redis/redis.conf"]
         if role.cluster:
-            command += ["--masterauth", "$(REDIS_PASSWORD)", "--cluster-announce-hostname", host]
+            command += ["--cluster-announce-hostname", host]
         ping = ["sh", "-c", "redis-cli -p 6379 ping | grep -q PONG"]
         env = [
             kx.core.EnvVarArgs(
@@ -184,7 +206,6 @@ class Redis(pulumi.ComponentResource):
                     field_ref=kx.core.ObjectFieldSelectorArgs(field_path="metadata.name")
                 ),
             ),
-            kx.secret_env("REDIS_PASSWORD", AUTH_SECRET, "password"),
             # redis-cli reads REDISCLI_AUTH, so probes never put the password on a command line.
             kx.secret_env("REDISCLI_AUTH", AUTH_SECRET, "password"),
         ]
@@ -201,10 +222,14 @@ class Redis(pulumi.ComponentResource):
             security_context=kx.security(uid=REDIS_UID),
             volume_mounts=[
                 kx.mount("conf", "/etc/redis", read_only=True),
+                kx.mount("auth", AUTH_CONF_DIR, read_only=True),
                 kx.mount("data", "/data"),
             ],
         )
-        volumes = [kx.config_volume("conf", f"{role.name}-conf")]
+        volumes = [
+            kx.config_volume("conf", f"{role.name}-conf"),
+            kx.secret_volume("auth", AUTH_SECRET, {AUTH_CONF_KEY: AUTH_CONF_KEY}),
+        ]
         if role.storage_gi == 0:
             volumes.append(kx.empty_dir("data", "1Gi"))
         sts = k8s.apps.v1.StatefulSet(

@@ -226,18 +226,33 @@ def logs(
 
 @app.command()
 def stop(
-    name: Annotated[str, typer.Argument(help="Server name, as `likes local status` lists it.")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="Server name, as `likes local status` lists it, or a component "
+            "(e.g. idem-store: all its nodes)."
+        ),
+    ],
     kill: Annotated[
         bool, typer.Option("--kill", help="SIGKILL, no clean shutdown (drills).")
     ] = False,
 ) -> None:
-    """Stop one server (`likes local up` starts it again)."""
+    """Stop one server, or every server of a component (`likes local up` starts them again)."""
     sup = _supervisor()
-    if name not in sup.all_servers():
-        err.print(f"[red]error:[/] no server named {name!r}; known: {list(sup.all_servers())}")
+    servers = sup.all_servers()
+    if name in servers:
+        names = [name]
+    elif name in sup.components:
+        names = [s.name for s in sup.components[name].servers()]
+    else:
+        err.print(
+            f"[red]error:[/] no server or component named {name!r}; "
+            f"servers: {list(servers)}; components: {list(sup.components)}"
+        )
         raise typer.Exit(2)
-    was = sup.kill(name) if kill else sup.stop(name)
-    console.print(f"{name}: {'stopped' if was else 'was not running'}")
+    for n in names:
+        was = sup.kill(n) if kill else sup.stop(n)
+        console.print(f"{n}: {'stopped' if was else 'was not running'}")
 
 
 @app.command()

@@ -38,8 +38,8 @@ class Ports:
         return [self._p(7001 + i) for i in range(6)]
 
     @property
-    def idem_store(self) -> int:
-        return self._p(6390)
+    def idem_store(self) -> list[int]:
+        return [self._p(6390 + i) for i in range(6)]
 
     @property
     def etcd_client(self) -> int:

@@ -154,7 +154,7 @@ def _addresses(layout: Layout) -> dict[str, str | None]:
     p = layout.ports
     return {
         "count_cache_nodes": ",".join(f"{HOST}:{x}" for x in p.count_cache[:3]),
-        "idem_store_nodes": f"{HOST}:{p.idem_store}",
+        "idem_store_nodes": ",".join(f"{HOST}:{x}" for x in p.idem_store),
         "cassandra_hosts": HOST,
         "cassandra_port": str(p.cassandra_native),
         "cassandra_local_dc": "datacenter1",  # SimpleSnitch's only datacenter

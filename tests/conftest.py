@@ -18,11 +18,12 @@ from pathlib import Path
 
 import aetcd
 import pytest
+import redis.cluster
 from cassandra.auth import PlainTextAuthProvider
 
 from local import components, layout, supervisor, transforms
 from services.contracts import etcd
-from services.contracts.settings import Settings
+from services.contracts.settings import HotPoolSettings
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = Path(os.environ.get("LIKES_TEST_HOME", REPO / ".stack-test"))
@@ -72,8 +73,16 @@ class Stack:
         return [(layout.HOST, p) for p in self.layout.ports.count_cache]
 
     @property
-    def idem_port(self) -> int:
-        return self.layout.ports.idem_store
+    def idem_nodes(self) -> list[tuple[str, int]]:
+        return [(layout.HOST, p) for p in self.layout.ports.idem_store]
+
+    def idem_cluster(self) -> redis.cluster.RedisCluster:
+        """A cluster client of the idem-store (3 shards, as the program declares it)."""
+        return redis.cluster.RedisCluster(
+            startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in self.idem_nodes],
+            password=self.redis_password,
+            decode_responses=True,
+        )
 
     @property
     def etcd_port(self) -> int:
@@ -110,11 +119,12 @@ class Stack:
                 return {k: v for k, v in p.env.items() if k.startswith("LIKES_")}
         raise KeyError(workload)
 
-    def settings(self, **overrides: object) -> Settings:
-        """The settings the stack's services run with (their rendered env, transformed)."""
-        env = self.workload_env()
+    def settings(self, **overrides: object) -> HotPoolSettings:
+        """The settings the stack's services run with (their rendered env, transformed): the
+        read service's, a superset of the shared ones (it adds the hot pools)."""
+        env = self.workload_env("read")
         values: dict[str, object] = {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
-        return Settings.model_validate({**values, **overrides})
+        return HotPoolSettings.model_validate({**values, **overrides})
 
     def token(self, user_id: str, ttl_s: int = 3600) -> str:
         """A bearer token from the stack's local identity provider."""

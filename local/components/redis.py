@@ -1,5 +1,6 @@
-"""The count-cache (a Redis Cluster of 3 primaries + 3 replicas) and the AOF idem-store (a
-one-shard Redis Cluster).
+"""The count-cache and the AOF idem-store, each a Redis Cluster of 3 primaries + 3 replicas as the
+program declares them (the idem-store was one shard here until the program's 3 shards were run
+locally too: issue 9 item 3).
 
 Both from Debian's redis-server. The cluster uses a short node timeout so a killed primary fails
 over to its replica within a few seconds on a laptop (production keeps Redis's defaults).
@@ -51,28 +52,35 @@ def ping_probe(layout: Layout, port: int) -> None:
         raise ProbeFailed(f"redis {HOST}:{port}: {e}") from e
 
 
-class CountCache(Component):
-    name = "count-cache"
+class _Cluster(Component):
+    """A Redis Cluster of `len(ports)` nodes, one replica per primary, formed at first start."""
+
+    def ports(self) -> list[int]:
+        raise NotImplementedError
+
+    def conf_lines(self, port: int) -> list[str]:
+        """The role's own lines (persistence, memory); bind, cluster and auth are common."""
+        raise NotImplementedError
 
     def servers(self) -> list[Server]:
         return [
             Server(
-                name=f"count-cache-{i + 1}",
-                argv=[redis_server_bin(), str(self.layout.conf / f"count-cache-{port}.conf")],
+                name=f"{self.name}-{i + 1}",
+                argv=[redis_server_bin(), str(self.layout.conf / f"{self.name}-{port}.conf")],
                 address=f"{HOST}:{port}",
                 probe=lambda port=port: ping_probe(self.layout, port),  # type: ignore[misc]
                 start_timeout=30,
                 stop_timeout=10,
             )
-            for i, port in enumerate(self.layout.ports.count_cache)
+            for i, port in enumerate(self.ports())
         ]
 
     def prepare(self) -> None:
         self.layout.ensure()
-        for port in self.layout.ports.count_cache:
-            d = self.layout.data / f"count-cache-{port}"
+        for port in self.ports():
+            d = self.layout.data / f"{self.name}-{port}"
             d.mkdir(parents=True, exist_ok=True)
-            conf = self.layout.conf / f"count-cache-{port}.conf"
+            conf = self.layout.conf / f"{self.name}-{port}.conf"
             conf.touch(mode=0o600)  # it holds the password
             conf.chmod(0o600)
             conf.write_text(
@@ -86,13 +94,7 @@ class CountCache(Component):
                         "cluster-enabled yes",
                         "cluster-config-file nodes.conf",
                         f"cluster-node-timeout {CLUSTER_NODE_TIMEOUT_MS}",
-                        # a cache: RDB snapshots only keep node restarts warm; no AOF
-                        "appendonly no",
-                        "save 60 1000",
-                        "maxmemory 256mb",
-                        # as the program: counts and has_liked filters may be evicted (a lost
-                        # filter is a miss, rebuilt from the edge-store; contracts/bloom.py)
-                        f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
+                        *self.conf_lines(port),
                         *auth_lines(self.layout),
                         "",
                     ]
@@ -100,7 +102,7 @@ class CountCache(Component):
             )
 
     def bootstrap(self) -> None:
-        ports = self.layout.ports.count_cache
+        ports = self.ports()
         if not self._formed(ports[0]):
             cmd = ["redis-cli", "--cluster", "create"]
             cmd += [f"{HOST}:{p}" for p in ports]
@@ -128,7 +130,7 @@ class CountCache(Component):
             info = self._info(p)
             if info.get("cluster_state") != "ok" or info.get("cluster_slots_assigned") != "16384":
                 raise ProbeFailed(
-                    f"count-cache node {p}: cluster_state={info.get('cluster_state')}"
+                    f"{self.name} node {p}: cluster_state={info.get('cluster_state')}"
                 )
         # every primary has a replica in sync: a restarted ex-primary first comes back as an
         # empty master and turns replica seconds later; until then a second failure would lose
@@ -137,71 +139,45 @@ class CountCache(Component):
             with client(self.layout, p, socket_timeout=2, decode_responses=True) as r:
                 role = r.info("replication")
             if role["role"] == "master" and int(role.get("connected_slaves", 0)) < 1:
-                raise ProbeFailed(f"count-cache node {p}: primary without a replica")
+                raise ProbeFailed(f"{self.name} node {p}: primary without a replica")
             if role["role"] == "slave" and role.get("master_link_status") != "up":
-                raise ProbeFailed(f"count-cache node {p}: replica not in sync")
+                raise ProbeFailed(f"{self.name} node {p}: replica not in sync")
 
     def startup_nodes(self) -> list[tuple[str, int]]:
-        return [(HOST, p) for p in self.layout.ports.count_cache]
+        return [(HOST, p) for p in self.ports()]
 
 
-class IdemStore(Component):
-    name = "idem-store"
+class CountCache(_Cluster):
+    name = "count-cache"
 
-    def servers(self) -> list[Server]:
-        port = self.layout.ports.idem_store
+    def ports(self) -> list[int]:
+        return self.layout.ports.count_cache
+
+    def conf_lines(self, port: int) -> list[str]:
         return [
-            Server(
-                name="idem-store",
-                argv=[redis_server_bin(), str(self.layout.conf / "idem-store.conf")],
-                address=f"{HOST}:{port}",
-                probe=lambda: ping_probe(self.layout, port),
-                start_timeout=30,
-                stop_timeout=10,
-            )
+            # a cache: RDB snapshots only keep node restarts warm; no AOF
+            "appendonly no",
+            "save 60 1000",
+            "maxmemory 256mb",
+            # as the program: counts and has_liked filters may be evicted (a lost
+            # filter is a miss, rebuilt from the edge-store; contracts/bloom.py)
+            f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
         ]
 
-    def prepare(self) -> None:
-        self.layout.ensure()
-        port = self.layout.ports.idem_store
-        d = self.layout.data / "idem-store"
-        d.mkdir(parents=True, exist_ok=True)
-        conf = self.layout.conf / "idem-store.conf"
-        conf.touch(mode=0o600)  # it holds the password
-        conf.chmod(0o600)
-        conf.write_text(
-            "\n".join(
-                [
-                    f"bind {HOST}",
-                    f"port {port}",
-                    "protected-mode no",
-                    "daemonize no",
-                    f"dir {d}",
-                    # a Redis Cluster, as the program declares it, so the services' cluster
-                    # client runs here too (one shard owning every slot; the program has 3)
-                    "cluster-enabled yes",
-                    "cluster-config-file nodes.conf",
-                    f"cluster-node-timeout {CLUSTER_NODE_TIMEOUT_MS}",
-                    # idempotency keys must survive a restart: a lost key means a double count
-                    "appendonly yes",
-                    "appendfsync everysec",
-                    f"maxmemory-policy {keys.EVICTION_POLICY['idem-store']}",
-                    *auth_lines(self.layout),
-                    "",
-                ]
-            )
-        )
 
-    def bootstrap(self) -> None:
-        port = self.layout.ports.idem_store
-        info = CountCache(self.layout)._info(port)
-        if info.get("cluster_slots_assigned") != "16384":
-            with client(self.layout, port, socket_timeout=2) as r:
-                r.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+class IdemStore(_Cluster):
+    """The idempotency keys: 3 shards with AOF, as the program declares (infra/redis.py), so the
+    write service's cluster client meets MOVED redirections and a failover here too."""
 
-        def ok() -> None:
-            state = CountCache(self.layout)._info(port).get("cluster_state")
-            if state != "ok":
-                raise ProbeFailed(f"idem-store: cluster_state={state}")
+    name = "idem-store"
 
-        wait_until(ok, timeout=30, interval=0.2)
+    def ports(self) -> list[int]:
+        return self.layout.ports.idem_store
+
+    def conf_lines(self, port: int) -> list[str]:
+        return [
+            # idempotency keys must survive a restart: a lost key means a double count
+            "appendonly yes",
+            "appendfsync everysec",
+            f"maxmemory-policy {keys.EVICTION_POLICY['idem-store']}",
+        ]

@@ -14,20 +14,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from services.contracts import keys
+from services.contracts import hotkeys, keys
 
-# KEYS[1] = replica; ARGV = ttl, gen, then field, value pairs
-_COPY = """
-local cur = redis.call('HGET', KEYS[1], 'gen')
-if cur and tonumber(cur) > tonumber(ARGV[2]) then
-  redis.call('EXPIRE', KEYS[1], ARGV[1])
-  return 0
-end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
-"""
+_COPY = hotkeys.HOT_COPY_LUA
 
 
 def source_cluster(

@@ -11,13 +11,20 @@ can overwrite neither the aggregate nor the sub-counters (invariant 4).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
 
-from services.contracts import clients, keys
+from services.contracts import clients, hotkeys, keys
 
 # KEYS[1] = aggregate, KEYS[2..] = sub-counters; ARGV = count, gen, reactions, last_fresh, ttl,
 # then one value per sub-counter key. Returns 1 if written, 0 if the stored gen is >= gen.
@@ -118,3 +125,98 @@ def read_aggregate(rc: RedisCluster, post_id: str) -> dict[str, Any] | None:
         "reactions": json.loads(raw["reactions"]),
         "last_fresh": int(raw["last_fresh"]),
     }
+
+
+class HotPoolMirror:
+    """Always-replicate (contracts/hotkeys.py): every aggregate the aggregator wrote is copied
+    into every hot pool with a TTL of `ttl_s`, so a post that goes viral has its count in the 4
+    pools before the sampler flags it.
+
+    Best effort by design: the count-cache is the read path's source and the operator re-copies
+    flagged posts, so a pool that is down or slow costs a miss there, never a held window. The
+    pools are written in parallel (one pipeline each), with a short timeout, and a pool that
+    failed is skipped for `cooldown_s` so a dead one costs one timeout per cool-down, not one per
+    window.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        password: str | None,
+        *,
+        ttl_s: int = hotkeys.ALWAYS_REPLICATE_TTL_S,
+        timeout_s: float = 0.25,
+        cooldown_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s, self.cooldown_s, self.clock = ttl_s, cooldown_s, clock
+        self.addresses = [f"{h}:{p}" for h, p in addresses]
+        self.clients = [
+            redis.Redis(
+                host=h,
+                port=p,
+                password=password,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
+            for h, p in addresses
+        ]
+        self.sha = hashlib.sha1(hotkeys.HOT_COPY_LUA.encode()).hexdigest()
+        self._down_until = [0.0] * len(self.clients)
+        self._pool = ThreadPoolExecutor(max(1, len(self.clients)), "hot-pool-copy")
+
+    def _copy_into(self, i: int, calls: list[tuple[str, list[Any]]]) -> int:
+        client = self.clients[i]
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            for key, argv in calls:
+                pipe.evalsha(self.sha, 1, key, *argv)
+            results = pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
+                client.script_load(hotkeys.HOT_COPY_LUA)  # a restarted pool lost its scripts
+                continue
+            errors = [r for r in results if isinstance(r, Exception)]
+            if errors:
+                raise errors[0]
+            return sum(1 for r in results if r == 1)
+        raise RuntimeError("unreachable")
+
+    def _copy_args(
+        self, count: int, gen: int, reactions: Mapping[str, int], fresh: int
+    ) -> list[Any]:
+        fields = {"count": count, "gen": gen, "reactions": json.dumps(dict(reactions))}
+        fields["last_fresh"] = fresh
+        return [self.ttl_s, gen, *(x for kv in fields.items() for x in kv)]
+
+    def copy_many(
+        self, items: Sequence[tuple[str, int, int, Mapping[str, int], int]]
+    ) -> dict[str, int]:
+        """items: (post_id, count, gen, reactions, last_fresh). Returns how many copies were
+        written, refused as stale (a newer gen is there), failed and skipped (pool cooling)."""
+        out = {"written": 0, "stale": 0, "failed": 0, "skipped": 0}
+        if not items or not self.clients:
+            return out
+        calls = [
+            (keys.count_key(post_id), self._copy_args(count, gen, reactions, fresh))
+            for post_id, count, gen, reactions, fresh in items
+        ]
+        now = self.clock()
+        live = [i for i in range(len(self.clients)) if self._down_until[i] <= now]
+        out["skipped"] = len(items) * (len(self.clients) - len(live))
+        futures = {i: self._pool.submit(self._copy_into, i, calls) for i in live}
+        for i, fut in futures.items():
+            try:
+                written = fut.result()
+            except Exception:
+                self._down_until[i] = self.clock() + self.cooldown_s
+                out["failed"] += len(items)
+                continue
+            out["written"] += written
+            out["stale"] += len(items) - written
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for c in self.clients:
+            c.close()

@@ -9,7 +9,7 @@ from typing import Any
 from cassandra.cluster import Cluster
 from confluent_kafka import Consumer
 
-from services.aggregator.cache import AggregateWriter
+from services.aggregator.cache import AggregateWriter, HotPoolMirror
 from services.aggregator.dlq import DeadLetter
 from services.aggregator.purge import CloudflarePurger, NullPurger, Purger, RecordingPurger
 from services.aggregator.settings import AggregatorSettings
@@ -50,7 +50,9 @@ def make_purger(s: AggregatorSettings, rc: Any) -> Purger:
 
 def build(s: AggregatorSettings, **consumer_overrides: Any) -> tuple[Aggregator, Cluster]:
     """An Aggregator on fresh clients; the caller runs it and shuts the Cluster down after."""
-    cluster, session = clients.cassandra(s, request_timeout=10.0)
+    cluster, session = clients.cassandra(
+        s, request_timeout=10.0, first_connect_s=clients.FIRST_CONNECT_S
+    )
     rc = clients.count_cache(s, timeout=2.0)
     registry = clients.schema_registry(s)
     agg = Aggregator(
@@ -61,5 +63,8 @@ def build(s: AggregatorSettings, **consumer_overrides: Any) -> tuple[Aggregator,
         cache=AggregateWriter(rc, s.agg_cache_ttl_s),
         purger=make_purger(s, rc),
         dead_letter=DeadLetter(clients.producer(s), s.dead_letter_topic),
+        mirror=HotPoolMirror(s.hot_pool_addresses, s.redis_auth)
+        if s.agg_always_replicate and s.hot_pools
+        else None,
     )
     return agg, cluster

@@ -63,6 +63,17 @@ CACHE_REDRIVES = Counter(
     "Count-cache failovers seen (its epoch moved): the last REDRIVE_S of aggregates and Bloom "
     "adds were written again, since asynchronous replication may have lost them",
 )
+HOT_POOL_COPIES = Counter(
+    "likes_aggregator_hot_pool_copies_total",
+    "Aggregates copied into the hot pools by always-replicate, by result "
+    "(written, stale: a newer gen was there, failed, skipped: pool cooling down after a failure)",
+    ["result"],
+)
+HOT_POOL_COPY_SECONDS = Histogram(
+    "likes_aggregator_hot_pool_copy_seconds",
+    "Time a window spends copying its aggregates into the hot pools (always-replicate)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
 PURGED = Counter("likes_aggregator_cdn_purged_total", "Surrogate keys purged")
 PURGE_FAILURES = Counter("likes_aggregator_cdn_purge_failures_total", "Failed CDN purge calls")
 DLQ = Counter("likes_aggregator_dead_letter_total", "Messages sent to the dead-letter topic")

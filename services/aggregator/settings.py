@@ -8,10 +8,10 @@ from pydantic import SecretStr, model_validator
 
 from services.aggregator import purge
 from services.contracts import convergence, events
-from services.contracts.settings import Settings
+from services.contracts.settings import HotPoolSettings
 
 
-class AggregatorSettings(Settings):
+class AggregatorSettings(HotPoolSettings):
     agg_group_id: str = "likes-aggregator"
     # topic names are events.EVENT_TOPICS / DEAD_LETTER behind this prefix (a bench or a test can
     # run on its own copies of the topics)
@@ -40,6 +40,9 @@ class AggregatorSettings(Settings):
     # counts them into their cells, which reach this region through the counter-store's DCs)
     agg_peer_regions: str = ""
     agg_remote_recheck_s: float = 30.0  # re-read a post once more after a peer's event
+    # copy every aggregate written into all hot pools for hotkeys.ALWAYS_REPLICATE_TTL_S, before
+    # any sampler flags the post (the seed's flash-spike mitigation; best effort, never blocks)
+    agg_always_replicate: bool = True
     # a test hook: exit the process abruptly at this point of the first non-empty flush
     agg_test_crash: Literal["", "after-cells", "after-cache"] = ""
 

@@ -39,7 +39,7 @@ from tenacity import (
 )
 
 from services.aggregator import metrics
-from services.aggregator.cache import AggregateWriter
+from services.aggregator.cache import AggregateWriter, HotPoolMirror
 from services.aggregator.core import (
     TP,
     CellKey,
@@ -120,6 +120,7 @@ class Aggregator:
         cache: AggregateWriter,
         purger: Purger,
         dead_letter: DeadLetter,
+        mirror: HotPoolMirror | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         sleep: Callable[[float], None] = time.sleep,
@@ -131,6 +132,7 @@ class Aggregator:
         self.cache = cache
         self.purger = purger
         self.dead_letter = dead_letter
+        self.mirror = mirror
         self.wall_ms = wall_ms
         self.sleep = sleep
         self.windower = Windower(
@@ -648,6 +650,12 @@ class Aggregator:
         written = [pid for pid, ok in zip(post_ids, results, strict=True) if ok]
         metrics.CACHE_WRITES.labels("applied").inc(len(written))
         metrics.CACHE_WRITES.labels("stale").inc(len(post_ids) - len(written))
+        if self.mirror is not None:
+            done = set(written)
+            with metrics.HOT_POOL_COPY_SECONDS.time():
+                copied = self.mirror.copy_many([it[:5] for it in items if it[0] in done])
+            for result, n in copied.items():
+                metrics.HOT_POOL_COPIES.labels(result).inc(n)
         return written
 
     def _purge(self, post_ids: list[str]) -> None:

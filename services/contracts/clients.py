@@ -27,9 +27,12 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from services.contracts import events
 from services.contracts.settings import Settings
+
+log = logging.getLogger("clients")
 
 
 def count_cache(settings: Settings, timeout: float = 0.5) -> RedisCluster:
@@ -110,27 +113,61 @@ CASSANDRA_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
-def cassandra(settings: Settings, request_timeout: float = 2.0) -> tuple[Cluster, Session]:
+# Opening a connection includes the login: PasswordAuthenticator checks a bcrypt hash, which
+# takes a loaded node well over the 2 s a request may take (an outbox relay exited at start on a
+# busy 2-core box, "Failed to create connection pool"). Requests keep their short timeout.
+CONNECT_TIMEOUT_S = 10.0
+# What a service or worker process gives its Cassandra at start (still coming up, or too loaded to
+# answer the control connection's schema queries) before it exits.
+FIRST_CONNECT_S = 90.0
+
+
+def cassandra(
+    settings: Settings, request_timeout: float = 2.0, first_connect_s: float = 0.0
+) -> tuple[Cluster, Session]:
     """A session on the likes keyspace as the services' role; requests time out fast so writes
-    503 instead of hang."""
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(
-            DCAwareRoundRobinPolicy(local_dc=settings.cassandra_local_dc or "")
+    503 instead of hang. `first_connect_s`: how long a process starting before its Cassandra
+    answers (or while it is too loaded to) retries the first connect instead of failing; the
+    driver reconnects on its own after that. Tools and tests keep 0 (fail at once)."""
+
+    def open_session() -> tuple[Cluster, Session]:
+        profile = ExecutionProfile(
+            load_balancing_policy=TokenAwarePolicy(
+                DCAwareRoundRobinPolicy(local_dc=settings.cassandra_local_dc or "")
+            ),
+            request_timeout=request_timeout,
+        )
+        cluster = Cluster(
+            settings.cassandra_hosts.split(","),
+            port=settings.cassandra_port,
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            connect_timeout=max(request_timeout, CONNECT_TIMEOUT_S),
+            control_connection_timeout=CONNECT_TIMEOUT_S,
+            protocol_version=5,
+            # the driver's default backs off to 10 minutes: a node back after a restart would
+            # stay unused for a minute or more
+            reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=5.0),
+            auth_provider=cassandra_auth(settings),
+        )
+        try:
+            return cluster, cluster.connect(settings.cassandra_keyspace)
+        except Exception:
+            cluster.shutdown()  # a failed first connect leaves a cluster that cannot connect again
+            raise
+
+    if first_connect_s <= 0:
+        return open_session()
+    retrying = Retrying(
+        retry=retry_if_exception_type(NoHostAvailable),
+        stop=stop_after_delay(first_connect_s),
+        wait=wait_exponential(multiplier=0.5, max=5.0),
+        before_sleep=lambda rs: log.warning(
+            "cassandra not reachable yet; retrying",
+            extra={"fields": {"attempt": rs.attempt_number}},
         ),
-        request_timeout=request_timeout,
+        reraise=True,
     )
-    cluster = Cluster(
-        settings.cassandra_hosts.split(","),
-        port=settings.cassandra_port,
-        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-        connect_timeout=request_timeout,
-        protocol_version=5,
-        # the driver's default backs off to 10 minutes: a node back after a restart would stay
-        # unused for a minute or more
-        reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=5.0),
-        auth_provider=cassandra_auth(settings),
-    )
-    return cluster, cluster.connect(settings.cassandra_keyspace)
+    return retrying(open_session)
 
 
 def cassandra_auth(settings: Settings) -> PlainTextAuthProvider | None:

@@ -6,6 +6,13 @@ Who writes what (all under keys.ETCD_PREFIX):
 - `split/<post>`   operator or on-call:   {"factor": 8, "by": "operator"|"manual", "since": ms}
 - `hotpool/<post>` operator:              {"pools": ["host:port", ...], "since": ms}
 
+Always-replicate (the seed's mitigation for a flash spike the sampler misses): the aggregator
+copies every aggregate it writes into all hot pools for ALWAYS_REPLICATE_TTL_S, so every post liked
+in the last 5 minutes has a copy in each pool before anyone flags it; a read pod sends a post to the
+pools as soon as its own reads of it reach LOCAL_HOT_READS_PER_S (no etcd round, no sampler
+window). Copies are gen-guarded (HOT_COPY_LUA): neither the operator's nor the aggregator's copy
+ever rolls a pool back.
+
 A dead sampler's lease expires and its flags with it; the operator then demotes after the
 cool-down. The data plane (`PrefixView`) keeps the last good copy for GRACE_S while etcd is
 unreachable, then lets it expire (the seed's Config Store: gradual degradation, not a cliff).
@@ -30,6 +37,25 @@ log = logging.getLogger("hotkeys")
 
 HOTPOOL_PREFIX = keys.ETCD_PREFIX + "hotpool/"
 GRACE_S = 300.0  # last good config survives an etcd outage this long
+# always-replicate scope: posts whose aggregate was written in the last 5 minutes
+ALWAYS_REPLICATE_TTL_S = 300
+# a read pod's own threshold to read a post from the hot pools before the sampler flags it
+LOCAL_HOT_READS_PER_S = 200
+
+# A pool's copy of `count:{post}`: written only if its `gen` is not older than the pool's (a slow
+# writer never rolls a copy back), with a TTL so a copy nobody refreshes dies on its own.
+# KEYS[1] = the copy; ARGV = ttl, gen, then field, value pairs.
+HOT_COPY_LUA = """
+local cur = redis.call('HGET', KEYS[1], 'gen')
+if cur and tonumber(cur) > tonumber(ARGV[2]) then
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
 
 T = TypeVar("T")
 

@@ -181,3 +181,18 @@ def parse_nodes(value: str) -> list[tuple[str, int]]:
         host, port = hp.strip().rsplit(":", 1)
         out.append((host, int(port)))
     return out
+
+
+class HotPoolSettings(Settings):
+    """Settings of a workload that reaches the hot pools: the operator and the aggregator copy
+    into them, the read service reads from them (contracts/hotkeys.py)."""
+
+    # host:port of each hot pool, comma-separated, in pool order (pool i is the i-th address);
+    # each address is one server (infra/redis.py), so a copy is read back where it was written
+    hot_pools: str = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104"
+
+    ENDPOINTS = (*Settings.ENDPOINTS, "hot_pools")
+
+    @property
+    def hot_pool_addresses(self) -> list[tuple[str, int]]:
+        return parse_nodes(self.hot_pools) if self.hot_pools else []

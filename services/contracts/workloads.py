@@ -57,7 +57,9 @@ class Workload:
 
 BASE = "services.contracts.settings:Settings"
 WRITE = Workload("write", "http", "services.write.main", BASE, HTTP_PORT)
-READ = Workload("read", "http", "services.read.main", BASE, HTTP_PORT)
+READ = Workload(
+    "read", "http", "services.read.main", "services.contracts.settings:HotPoolSettings", HTTP_PORT
+)
 HOTKEY_SAMPLER = Workload(
     "hotkey-sampler",
     "http",

@@ -1,8 +1,12 @@
 """The read path's part in the hot-key loop (the gateway mirrors reads to the sampler; the read
 service only reads hot posts from the hot pools).
 
-- `HotPoolCountCache`: hot posts (the operator's `/likes/hotpool/<post>`) read their aggregate
-  from a random hot-pool replica, others (and any replica miss or error) from the count-cache.
+- `HotPoolCountCache`: hot posts read their aggregate from a random hot pool, others (and any
+  pool miss or error) from the count-cache. A post is hot when the operator lists its pools
+  (`/likes/hotpool/<post>`) or, before any sampler flags it, when this pod's own reads of it
+  reached `hotkeys.LOCAL_HOT_READS_PER_S` in the last second (`LocalHeat`): the aggregator has
+  copied every post liked in the last 5 minutes into every pool (always-replicate,
+  contracts/hotkeys.py), so a flash spike moves off its count-cache shard within a second.
   A replica read gets one attempt within `timeout_s` (no client retries: redis-py's default of
   10 with backoff would outlast the Reader's deadline and fail the cold posts of the batch too).
 """
@@ -13,7 +17,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
@@ -27,6 +32,38 @@ from services.read.stores import parse_aggregate
 log = logging.getLogger("read.hotkeys")
 
 HOT_POOL_READS = Counter("likes_read_hot_pool_total", "Hot-pool reads", ["result"])
+LOCALLY_HOT = Counter(
+    "likes_read_locally_hot_total",
+    "Post reads sent to the hot pools by this pod's own read rate, before any operator flag",
+)
+
+
+class LocalHeat:
+    """This pod's reads per post in whole seconds: a post read at least `threshold` times in the
+    previous second is hot now. Two dicts, the current second's and the last one's, so memory is
+    the posts read in two seconds and a read costs one dict increment."""
+
+    def __init__(
+        self,
+        threshold: int = hotkeys.LOCAL_HOT_READS_PER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.threshold, self.clock = threshold, clock
+        self._second = int(clock())
+        self._now: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+
+    def _roll(self) -> None:
+        second = int(self.clock())
+        if second != self._second:
+            self._last = self._now if second == self._second + 1 else {}
+            self._now, self._second = {}, second
+
+    def hit(self, post_id: str) -> bool:
+        """Count one read; True if the post is hot (by the previous second's reads)."""
+        self._roll()
+        self._now[post_id] = self._now.get(post_id, 0) + 1
+        return self._last.get(post_id, 0) >= self.threshold
 
 
 class HotPoolCountCache:
@@ -40,9 +77,15 @@ class HotPoolCountCache:
         timeout_s: float = 0.2,
         rng: random.Random | None = None,
         password: str | None = None,
+        pools: Sequence[str] = (),
+        local_heat: LocalHeat | None = None,
     ) -> None:
+        """`pools`: every hot pool's host:port, read for a post this pod finds hot on its own
+        (`local_heat`); without them only the operator's flags route reads to the pools."""
         self.inner, self.view, self.timeout_s = inner, view, timeout_s
         self.password = password
+        self.pools = list(pools)
+        self.local_heat = local_heat if local_heat is not None else LocalHeat()
         self.rng = rng or random.Random()
         self._clients: dict[str, Redis] = {}
 
@@ -73,8 +116,16 @@ class HotPoolCountCache:
         return agg
 
     async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:
-        hot = self.view.current()
-        hot_ids = [p for p in post_ids if hot.get(p)]
+        flagged = self.view.current()
+        hot: dict[str, list[str]] = {}
+        for p in post_ids:
+            locally = self.local_heat.hit(p)
+            if flagged.get(p):
+                hot[p] = flagged[p]
+            elif locally and self.pools:
+                hot[p] = self.pools
+                LOCALLY_HOT.inc()
+        hot_ids = list(hot)
         got: dict[str, Aggregate] = {}
         if hot_ids:
             found = await asyncio.gather(*(self._replica(p, hot[p]) for p in hot_ids))

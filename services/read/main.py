@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.common import http, observability
 from services.contracts import etcd, workloads
 from services.contracts import hotkeys as hotkey_flags
-from services.contracts.settings import Settings
+from services.contracts.settings import HotPoolSettings
 from services.read import api, hotkeys
 from services.read.core import Reader
 from services.read.heat import EtcdHeat, HeatSource
@@ -77,14 +77,14 @@ class NeverFail:
 
 
 def create_app(
-    settings: Settings | None = None,
+    settings: HotPoolSettings | None = None,
     *,
     heat: HeatSource | None = None,
     reader_options: dict[str, Any] | None = None,
 ) -> FastAPI:
     """`heat` replaces the etcd heat source (tests, benchmarks); `reader_options` are passed to
     core.Reader (timeouts, breakers, clock)."""
-    settings = settings or Settings()
+    settings = settings or HotPoolSettings()
     observability.setup_logging(workloads.READ.name, settings.log_level)
     observability.setup_tracing(workloads.READ.name, settings.otlp_endpoint)
 
@@ -104,7 +104,12 @@ def create_app(
             hotkey_flags.decode_pools, credentials=etcd_login,
         )  # fmt: skip
         await pools_view.start()
-        hot_cache = hotkeys.HotPoolCountCache(cache, pools_view, password=settings.redis_auth)
+        hot_cache = hotkeys.HotPoolCountCache(
+            cache,
+            pools_view,
+            password=settings.redis_auth,
+            pools=[f"{h}:{p}" for h, p in settings.hot_pool_addresses],
+        )
         app.state.settings = settings
         app.state.cache, app.state.store, app.state.heat = cache, store, heat_source
         rebuilder = FilterRebuilder(cache, store)

@@ -25,7 +25,7 @@ def main() -> None:
     settings = Settings()
     log = observability.setup_logging(workloads.OUTBOX_RELAY.name, settings.log_level)
     observability.setup_tracing(workloads.OUTBOX_RELAY.name, settings.otlp_endpoint)
-    cluster, session = clients.cassandra(settings)
+    cluster, session = clients.cassandra(settings, first_connect_s=clients.FIRST_CONNECT_S)
     publisher = Publisher(
         clients.producer(
             settings, **{"message.timeout.ms": round(1000 * convergence.RELAY_PUBLISH_TIMEOUT_S)}

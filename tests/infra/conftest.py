@@ -29,11 +29,12 @@ def by_kind(p: plan.Plan, kind: str) -> list[plan.Declared]:
     return [r for r in p.resources if r.inputs.get("kind") == kind]
 
 
-def named(p: plan.Plan, kind: str, name: str) -> plan.Declared:
+def named(p: plan.Plan, kind: str, name: str, namespace: str | None = None) -> plan.Declared:
     for r in by_kind(p, kind):
-        if r.inputs.get("metadata", {}).get("name") == name:
+        meta = r.inputs.get("metadata", {})
+        if meta.get("name") == name and namespace in (None, meta.get("namespace")):
             return r
-    raise AssertionError(f"no {kind} named {name}")
+    raise AssertionError(f"no {kind} named {name}" + (f" in {namespace}" if namespace else ""))
 
 
 def tool(name: str, package: str) -> str:

@@ -47,6 +47,7 @@ from redis.cluster import RedisCluster
 from starlette.routing import Match
 
 from infra import alert_rules, config, envoy_config, observability, plan, stackfile
+from infra import redis as infra_redis
 from infra import scylla as infra_scylla
 from infra import services as infra_services
 from operators.hotkeys import handlers
@@ -414,8 +415,10 @@ def test_the_operator_copies_into_every_hot_pool_the_program_declares(
     w = workloads.HOTKEY_OPERATOR
     s = build_settings(w, likes_env(container_of(plans[stack], w)))
     pools = [r for r in by_kind(plans[stack], "StatefulSet") if r.name.startswith("hot-pool-")]
-    hosts = {h.split(".", 1)[0] for h, _ in s.hot_pool_addresses}  # type: ignore[attr-defined]
-    assert hosts == {r.inputs["metadata"]["name"] for r in pools}
+    # each address names the pool's one pod (<sts>-0.<sts>.<ns>...): one server per address
+    names = [h.split(".")[:2] for h, _ in s.hot_pool_addresses]  # type: ignore[attr-defined]
+    assert all(pod == f"{sts}-0" for pod, sts in names), names
+    assert {sts for _, sts in names} == {r.inputs["metadata"]["name"] for r in pools}
     assert len(s.hot_pool_addresses) == configs[stack].redis.hot_pools  # type: ignore[attr-defined]
 
 
@@ -567,12 +570,17 @@ def test_redis_clients_get_the_password_from_the_redis_auth_secret(
         and r.inputs["metadata"]["namespace"] == c.namespace
     )
     assert set(secret["stringData"]) == {ref.key}
-    # and the Redis servers require it: AUTH that nobody checks protects nothing
+    # and the Redis servers require it: AUTH that nobody checks protects nothing. The server
+    # reads `requirepass` from a file of the same Secret that redis.conf includes (not argv)
     for role in ("count-cache", "idem-store", "hot-pool-0"):
-        cmd = named(plans[stack], "StatefulSet", role).inputs["spec"]["template"]["spec"][
-            "containers"
-        ][0]["command"]
-        assert "--requirepass" in cmd, role
+        spec = named(plans[stack], "StatefulSet", role).inputs["spec"]["template"]["spec"]
+        conf = named(plans[stack], "ConfigMap", f"{role}-conf").inputs["data"]["redis.conf"]
+        assert f"include {infra_redis.AUTH_CONF_DIR}/{infra_redis.AUTH_CONF_KEY}" in conf, role
+        auth = next(v for v in spec["volumes"] if v["name"] == "auth")["secret"]
+        assert auth["secretName"] == infra_redis.AUTH_SECRET, role
+        ns = named(plans[stack], "StatefulSet", role).inputs["metadata"]["namespace"]
+        redis_secret = named(plans[stack], "Secret", infra_redis.AUTH_SECRET, ns).inputs
+        assert infra_redis.AUTH_CONF_KEY in redis_secret["stringData"], role
 
 
 # -- metrics: what the rules select is what the code emits (C5, O2) -----------------------------

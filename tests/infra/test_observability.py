@@ -227,9 +227,9 @@ def test_scrape_attaches_no_label_our_code_emits(plans: dict[str, plan.Plan]) ->
     [("services.write.main", alert_rules.WRITE), ("services.read.main", alert_rules.READ)],
 )
 def test_code_labels_requests_with_the_service_the_slo_rules_select(module: str, name: str) -> None:
-    from services.contracts.settings import Settings
+    from services.contracts.settings import HotPoolSettings
 
-    app = importlib.import_module(module).create_app(Settings(env="local"))
+    app = importlib.import_module(module).create_app(HotPoolSettings(env="local"))
     labels = {SERVICE_LABEL: name, "route": "/healthz", "status": "200"}
     before = REGISTRY.get_sample_value("likes_http_requests_total", labels) or 0.0
     assert TestClient(app).get("/healthz").status_code == 200  # no lifespan: no stores needed

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from infra import config, kafka, plan
+from infra import config, kafka, plan, redis
 from services.schema import cql_apply
 from tests.infra.conftest import STACKS, by_kind, named
 
@@ -192,12 +192,30 @@ def test_redis_idem_store_aof_and_hot_pools(
     )
     pools = [s for s in by_kind(plans[stack], "StatefulSet") if s.name.startswith("hot-pool-")]
     assert len(pools) == 4
-    # The password reaches Redis from the Secret, never as a literal.
-    env = idem_sts["template"]["spec"]["containers"][0]["env"]
-    assert any(e["name"] == "REDIS_PASSWORD" and "valueFrom" in e for e in env)
-    assert named(plans[stack], "Secret", "redis-auth").inputs["stringData"] == {
-        "password": plan.SECRET_MARK
+    # each hot pool is one addressable server (independent pods behind one name missed: C10)
+    assert {p.inputs["spec"]["replicas"] for p in pools} == {1}
+    # The password reaches Redis as a file from the Secret: not a literal, not argv, not env.
+    data_ns = named(plans[stack], "StatefulSet", "idem-store").inputs["metadata"]["namespace"]
+    assert named(plans[stack], "Secret", "redis-auth", data_ns).inputs["stringData"] == {
+        "password": plan.SECRET_MARK,
+        redis.AUTH_CONF_KEY: plan.SECRET_MARK,
     }
+    for sts in by_kind(plans[stack], "StatefulSet"):
+        if not sts.name.startswith(("count-cache", "idem-store", "hot-pool-")):
+            continue
+        spec = sts.inputs["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        assert "PASSWORD" not in json.dumps(c["command"]).upper(), sts.name
+        assert "REDIS_PASSWORD" not in {e["name"] for e in c["env"]}, sts.name
+        conf_name = "hot-pool" if sts.name.startswith("hot-pool") else sts.name
+        conf = next(
+            r for r in by_kind(plans[stack], "ConfigMap") if r.name.startswith(conf_name)
+        ).inputs["data"]["redis.conf"]
+        assert f"include {redis.AUTH_CONF_DIR}/{redis.AUTH_CONF_KEY}" in conf.splitlines()
+        auth = next(v for v in spec["volumes"] if v["name"] == "auth")
+        assert auth["secret"]["secretName"] == redis.AUTH_SECRET
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts["auth"] == redis.AUTH_CONF_DIR
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -32,7 +32,7 @@ def test_a_server_that_cannot_start_gets_a_clear_message_with_its_log(tmp_path: 
         squatter.close()
         run(tmp_path, "local", "down")
     assert proc.returncode == 1
-    assert "idem-store did not start" in proc.stderr
+    assert "idem-store-1 did not start" in proc.stderr
     assert "Address already in use" in proc.stderr  # redis-server's own words, from its log
     assert "Traceback" not in proc.stderr + proc.stdout
 
@@ -42,15 +42,15 @@ def test_up_only_one_component_then_status_json_and_logs(tmp_path: Path) -> None
         up = run(tmp_path, "local", "up", "--only", "idem-store", "--json")
         assert up.returncode == 0, up.stderr
         status = json.loads(run(tmp_path, "local", "status", "--json").stdout)
-        assert status["idem-store"]["healthy"] is True
-        assert status["idem-store"]["address"] == f"127.0.0.1:{6390 + OFFSET}"
+        assert all(status[f"idem-store-{i}"]["healthy"] for i in range(1, 7))
+        assert status["idem-store-1"]["address"] == f"127.0.0.1:{6390 + OFFSET}"
         assert status["etcd"] == {"address": f"127.0.0.1:{2379 + OFFSET}", "pid": None,
                                   "healthy": False}  # fmt: skip
-        logs = run(tmp_path, "local", "logs", "idem-store", "-n", "5")
+        logs = run(tmp_path, "local", "logs", "idem-store-1", "-n", "200")
         assert logs.returncode == 0 and "Ready to accept connections" in logs.stdout
     finally:
         down = run(tmp_path, "local", "down")
-    assert down.returncode == 0 and "stopped 1 server(s)" in down.stdout
+    assert down.returncode == 0 and "stopped 6 server(s)" in down.stdout
 
 
 @pytest.mark.parametrize(

@@ -349,6 +349,128 @@ def test_a_down_hot_pool_falls_back_to_the_count_cache(stack: Stack, read_app: T
         )
 
 
+# -- always-replicate: every liked post is in every pool before any flag -------------------------
+def aggregator_metric(stack: Stack, name: str, **labels: str) -> float:
+    text = httpx.get(f"http://{stack.host}:{stack.layout.ports.aggregator}/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def like_n(stack: Stack, post: str, n: int) -> None:
+    api = LikesClient(stack.gateway_url, stack.gateway_url, attempts=8, vary_client_ip=True)
+    for _ in range(n):
+        tok = stack.token(f"u-{uuid.uuid4().hex[:8]}")
+        assert api.like(post, idempotency_key=str(uuid.uuid4()), token=tok).status_code == 202
+
+
+def copies(stack: Stack, post: str) -> list[tuple[int, int] | None]:
+    """(count, gen) of the post's copy in each hot pool, None where there is none."""
+    out: list[tuple[int, int] | None] = []
+    for r in pools(stack):
+        raw = r.hgetall(keys.count_key(post))
+        out.append((int(raw["count"]), int(raw["gen"])) if raw else None)
+    return out
+
+
+class _NoFlags:
+    def current(self) -> dict[str, list[str]]:
+        return {}
+
+
+def test_every_liked_post_is_in_every_hot_pool_before_any_flag(stack: Stack) -> None:
+    """The seed's flash-spike mitigation: the aggregator copies each aggregate it writes into the
+    4 pools (for hotkeys.ALWAYS_REPLICATE_TTL_S); a read pod that sees a burst of reads answers
+    from a pool at once, without the sampler's window or the operator's flag."""
+    post = f"always-{uuid.uuid4().hex[:8]}"
+    like_n(stack, post, 3)
+    cc = count_cache(stack)
+
+    def source() -> tuple[int, int] | None:
+        raw = cc.hgetall(keys.count_key(post))
+        return (int(raw["count"]), int(raw["gen"])) if raw and raw["count"] == "3" else None
+
+    truth = wait_for(source, timeout=60, every=0.2)
+    # every pool holds the count-cache's aggregate, same generation, and it ages out on its own
+    wait_for(lambda: copies(stack, post) == [truth] * hk_components.HOT_POOLS, timeout=10)
+    for r in pools(stack):
+        assert 0 < r.ttl(keys.count_key(post)) <= hotkeys.ALWAYS_REPLICATE_TTL_S
+    assert etcd_get(stack, hotkeys.HOTPOOL_PREFIX + post) is None  # nobody flagged it
+    # it keeps matching as the post moves (a later like overwrites every copy, never rolls back)
+    like_n(stack, post, 1)
+    wait_for(lambda: {c and c[0] for c in copies(stack, post)} == {4}, timeout=60, every=0.2)
+    assert {c and c[1] for c in copies(stack, post)} == {int(cc.hget(keys.count_key(post), "gen"))}
+
+    # the read side: reads of the post cross the pod's threshold, the next second is a pool hit
+    from services.read.hotkeys import HotPoolCountCache, LocalHeat
+    from services.read.stores import RedisCountCache
+
+    async def read() -> tuple[list[object], float]:
+        settings = stack.settings()
+        clock = [0.0]
+        hot = HotPoolCountCache(
+            RedisCountCache(settings, timeout_s=2.0),
+            _NoFlags(),  # type: ignore[arg-type]
+            password=stack.redis_password,
+            pools=[f"{h}:{p}" for h, p in settings.hot_pool_addresses],
+            local_heat=LocalHeat(threshold=5, clock=lambda: clock[0]),
+        )
+        try:
+            for _ in range(5):
+                await hot.aggregates([post])
+            hits = local_metric("likes_read_hot_pool_total", result="hit")
+            clock[0] = 1.0
+            got = await hot.aggregates([post])
+            return got, local_metric("likes_read_hot_pool_total", result="hit") - hits
+        finally:
+            await hot.close()
+
+    got, pool_hits = asyncio.run(read())
+    assert pool_hits == 1
+    assert [getattr(a, "count", a) for a in got] == [4]
+
+
+@pytest.mark.disruptive
+def test_a_down_hot_pool_never_holds_the_aggregator(stack: Stack) -> None:
+    """Always-replicate is best effort: with a pool down, counts still converge in the
+    count-cache and the other pools; the dead pool is counted and skipped, and gets copies
+    again once it is back."""
+    post = f"always-down-{uuid.uuid4().hex[:8]}"
+    name = f"hot-pool-{hk_components.HOT_POOLS}"
+    failed = aggregator_metric(stack, "likes_aggregator_hot_pool_copies_total", result="failed")
+    stack.cli("local", "stop", name)
+    try:
+        like_n(stack, post, 2)
+        cc = count_cache(stack)
+        wait_for(lambda: cc.hget(keys.count_key(post), "count") == "2", timeout=60, every=0.2)
+        live = pools(stack)[: hk_components.HOT_POOLS - 1]
+        wait_for(
+            lambda: all(r.hget(keys.count_key(post), "count") == "2" for r in live), timeout=10
+        )
+        assert (
+            aggregator_metric(stack, "likes_aggregator_hot_pool_copies_total", result="failed")
+            > failed
+        )
+    finally:
+        stack.up()
+    # back: the next aggregate of the post lands in the restarted pool too (after the cool-down)
+    back = pools(stack)[-1]
+
+    def landed() -> bool:
+        like_n(stack, post, 1)
+        want = cc.hget(keys.count_key(post), "count")
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            if want is not None and back.hget(keys.count_key(post), "count") is not None:
+                return True
+            time.sleep(0.3)
+        return False
+
+    wait_for(landed, timeout=60, every=0.1)
+
+
 def test_the_gateway_mirrors_reads_to_the_sampler(stack: Stack, loop: dict[str, Any]) -> None:
     """Reads through the rendered Envoy reach the sampler as mirrored copies it serves (C8).
     The mirror fraction is raised to 100 % through Envoy's runtime admin (the same knob on-call

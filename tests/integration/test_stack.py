@@ -33,12 +33,13 @@ pytestmark = pytest.mark.stack
 def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None:
     status = json.loads(stack.first_up.stdout.splitlines()[-1])
     expected = {
-        "etcd", "idem-store", "cassandra", "schema-registry", "prometheus", "alertmanager",
+        "etcd", "cassandra", "schema-registry", "prometheus", "alertmanager",
         "webhook-sink",
         "write", "read", "outbox-relay", "aggregator", "hotkey-sampler", "hotkey-operator",
         "identity-provider", "gateway", "ratelimit", "ratelimit-redis",
         *(f"hot-pool-{i}" for i in range(1, 5)),
         *(f"count-cache-{i}" for i in range(1, 7)),
+        *(f"idem-store-{i}" for i in range(1, 7)),
         *(f"kafka-{i}" for i in range(1, stack.layout.kafka_brokers + 1)),
     }  # fmt: skip
     assert set(status) == expected
@@ -77,23 +78,36 @@ def test_count_cache_is_a_cluster_serving_keys_in_different_slots(stack: Stack) 
 
 
 def test_idem_store_is_aof_and_keeps_keys_across_a_restart(stack: Stack) -> None:
-    r = redis.Redis(
-        host=stack.host, port=stack.idem_port, password=stack.redis_password, decode_responses=True
-    )
-    assert r.config_get("appendonly") == {"appendonly": "yes"}
-    key = f"idem:u1:p1:{uuid.uuid4()}"
-    r.set(key, json.dumps({"state": "liked"}), ex=86400)
-    pid_before = stack.status()["idem-store"]["pid"]
+    """Three shards with AOF, as the program declares: keys on every shard survive the whole
+    cluster going down (`likes local stop idem-store` stops all six nodes) and coming back."""
+    r = stack.idem_cluster()
+    primaries = [n for n in r.get_nodes() if n.server_type == "primary"]
+    assert len(primaries) == 3
+    for node in r.get_nodes():
+        assert r.config_get("appendonly", target_nodes=node) == {"appendonly": "yes"}
+    stored = {
+        f"idem:u{i}:p1:{uuid.uuid4()}": json.dumps({"state": "liked", "i": i}) for i in range(60)
+    }
+    for key, value in stored.items():
+        r.set(key, value, ex=86400)
+    # the keys landed on every shard (a one-shard store would pass the rest of this test too)
+    assert {r.get_node_from_key(k).name for k in stored} == {n.name for n in primaries}
+    r.close()
+    names = [f"idem-store-{i}" for i in range(1, 7)]
+    before = stack.status()
+    pids_before = {n: before[n]["pid"] for n in names}
     stack.cli("local", "stop", "idem-store")
-    with pytest.raises(redis.ConnectionError):
-        redis.Redis(host=stack.host, port=stack.idem_port, password=stack.redis_password).ping()
+    for host, port in stack.idem_nodes:
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis(host=host, port=port, password=stack.redis_password).ping()
     status = stack.up()
-    assert status["idem-store"]["pid"] != pid_before
-    r = redis.Redis(
-        host=stack.host, port=stack.idem_port, password=stack.redis_password, decode_responses=True
-    )
-    assert json.loads(r.get(key) or "null") == {"state": "liked"}
-    assert 0 < r.ttl(key) <= 86400
+    assert all(status[n]["pid"] not in (None, pids_before[n]) for n in names)
+    r = stack.idem_cluster()
+    try:
+        assert {k: r.get(k) for k in stored} == stored
+        assert all(0 < r.ttl(k) <= 86400 for k in stored)
+    finally:
+        r.close()
 
 
 def test_etcd_put_get_watch(stack: Stack) -> None:
@@ -210,7 +224,8 @@ def test_prometheus_alertmanager_and_webhook_sink_ready(stack: Stack) -> None:
 def test_every_local_redis_requires_the_stacks_password(stack: Stack) -> None:
     """The program's Redis servers run with requirepass from the redis-auth secret; so do the
     local ones, so every client of ours runs its AUTH code in every test (no secret in argv)."""
-    ports = [*stack.layout.ports.count_cache, stack.idem_port, *stack.layout.ports.hot_pools]
+    ports = [*stack.layout.ports.count_cache, *stack.layout.ports.idem_store]
+    ports += stack.layout.ports.hot_pools
     status = stack.status()
     for port in ports:
         with pytest.raises(redis.AuthenticationError):

@@ -103,6 +103,7 @@ def test_dlq_headers_carry_source_error_attempts_and_ids() -> None:
 
 PROD_ENDPOINTS: dict[str, Any] = {
     "count_cache_nodes": "count-cache:6379",
+    "hot_pools": "hot-pool-0-0.hot-pool-0:6379",
     "idem_store_nodes": "idem-store:6379",
     "cassandra_hosts": "scylla",
     "kafka_bootstrap": "kafka:9092",

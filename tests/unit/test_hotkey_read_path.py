@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from services.contracts import hotkeys
 from services.read.core import Aggregate, Reader
-from services.read.hotkeys import HotPoolCountCache
+from services.read.hotkeys import HotPoolCountCache, LocalHeat
 
 
 def metric(name: str, **labels: str) -> float:
@@ -135,3 +135,52 @@ async def test_hot_pool_clients_authenticate_with_the_redis_password() -> None:
     kwargs = cache._client("127.0.0.1:1").connection_pool.connection_kwargs
     assert kwargs["password"] == "s3cret"
     await cache.close()
+
+
+# -- LocalHeat: a pod's own reads promote a post before any flag (always-replicate) -------------
+def test_local_heat_promotes_a_post_by_the_previous_seconds_reads_only() -> None:
+    clock = Clock()
+    heat = LocalHeat(threshold=3, clock=clock)
+    assert [heat.hit("p") for _ in range(5)] == [False] * 5  # no previous second yet
+    clock.t = 1.2
+    assert heat.hit("p") is True  # 5 reads last second >= 3
+    assert heat.hit("q") is False  # other posts are not promoted with it
+    clock.t = 2.5  # second 1 saw 1 read of p: below the threshold again
+    assert heat.hit("p") is False
+    for _ in range(3):
+        heat.hit("p")
+    clock.t = 4.0  # a skipped second forgets everything: no stale promotion
+    assert heat.hit("p") is False
+
+
+async def test_a_locally_hot_post_reads_a_hot_pool_without_any_flag() -> None:
+    clock = Clock()
+    inner = Inner({"hot": 5, "cold": 7})
+    dead = f"127.0.0.1:{dead_port()}"
+    cache = HotPoolCountCache(
+        inner,
+        view({}, clock),  # the operator has flagged nothing
+        timeout_s=0.5,
+        pools=[dead],
+        local_heat=LocalHeat(threshold=2, clock=clock),
+    )
+    await cache.aggregates(["hot", "hot", "cold"])
+    assert inner.asked == [["hot", "hot", "cold"]]
+    errors = metric("likes_read_hot_pool_total", result="error")
+    promoted = metric("likes_read_locally_hot_total")
+    clock.t = 1.0
+    got = await cache.aggregates(["hot", "cold"])
+    # "hot" was read twice last second: it went to the pool (dead here: one error) and fell back
+    assert metric("likes_read_hot_pool_total", result="error") == errors + 1
+    assert metric("likes_read_locally_hot_total") == promoted + 1
+    assert [a.count for a in got if isinstance(a, Aggregate)] == [5, 7]
+    # without pool addresses, local heat routes nothing (only the operator's flags do)
+    bare = HotPoolCountCache(
+        inner, view({}, clock), pools=[], local_heat=LocalHeat(threshold=1, clock=clock)
+    )
+    await bare.aggregates(["hot"])
+    clock.t = 2.0
+    await bare.aggregates(["hot"])
+    assert metric("likes_read_hot_pool_total", result="error") == errors + 1
+    await cache.close()
+    await bare.close()
