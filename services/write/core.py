@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import redis
 from cassandra.cluster import Session
-from cassandra.query import BatchStatement, BatchType, ConsistencyLevel
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, ConsistencyLevel
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -95,10 +95,12 @@ class Statements:
             "VALUES (?, ?, ?, ?, ?)"
         )
         # the intent row remembers which post and which state its key asked for: a key reused
-        # for another request is refused instead of answered with the first one's outcome
+        # for another request is refused instead of answered with the first one's outcome. Its
+        # `topic` names the topic of the event it produced (none: a no-op), so a replay answered
+        # from it says `changed` as the first answer did (review D8).
         self.intent = p(
-            "INSERT INTO edges (user_id, kind, ref, state, intent_uuid, updated_at, post_id) "
-            "VALUES (?, 'intent', ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL 86400"
+            "INSERT INTO edges (user_id, kind, ref, state, intent_uuid, updated_at, post_id, "
+            "topic) VALUES (?, 'intent', ?, ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL 86400"
         )
         # like: from no edge or 'unliked'; unlike: only from 'liked' (an unlike of nothing is a
         # no-op, never a -1)
@@ -142,17 +144,22 @@ class Publisher:
         while not self._stop.is_set():
             self.producer.poll(0.1)
 
-    def publish(self, topic: str, key: str, value: bytes) -> Future[None]:
+    def publish(
+        self, topic: str, key: str, value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> Future[None]:  # fmt: skip
         fut: Future[None] = Future()
 
         def done(err: KafkaError | None, _msg: Message) -> None:
             if err is None:
                 fut.set_result(None)
-            else:
-                fut.set_exception(RuntimeError(str(err)))
+            else:  # the KafkaError goes along: the relay tells a row's fault from a broker's
+                fut.set_exception(KafkaException(err))
 
         try:
-            self.producer.produce(topic, key=key.encode(), value=value, on_delivery=done)
+            self.producer.produce(
+                topic, key=key.encode(), value=value, headers=headers, on_delivery=done
+            )
         except (BufferError, KafkaException) as e:
             # local queue full, or the client refused the message: the like is committed, the
             # outbox relay will publish it; never a 500 after the commit (review D12)
@@ -327,8 +334,9 @@ class LikeWriter:
             batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
             batch.add(
                 self.q.intent,
-                (it.user_id, it.intent_uuid, it.target_state, intent_id, now, it.post_id),
-            )
+                (it.user_id, it.intent_uuid, it.target_state, intent_id, now, it.post_id,
+                 events.COMMITTED),
+            )  # fmt: skip
             if it.action == "like":
                 batch.add(self.q.to_liked, (it.reaction, now, intent_id, it.user_id, it.post_id))
             else:
@@ -361,24 +369,30 @@ class LikeWriter:
         # a failed LWT returns the current rows it checked (none when a row does not exist)
         by_kind = {getattr(r, "kind", None): r for r in rows}
         if "intent" in by_kind:  # a replay: answer what the intent produced
-            self._same_request(it, by_kind["intent"])
-            return Outcome(it.intent_uuid, by_kind["intent"].state, False, replayed=True)
+            return self._replayed(it, by_kind["intent"])
         # a no-op; record the intent so a late retry of it cannot apply after a later change
         try:
             res = self.session.execute(
                 self.q.intent,
                 (
                     it.user_id, it.intent_uuid, it.target_state, uuid.UUID(it.intent_uuid),
-                    now, it.post_id,
+                    now, it.post_id, UNSET_VALUE,  # a no-op: no event, no topic (no null cell)
                 ),
             ).one()  # fmt: skip
         except CASSANDRA_ERRORS as e:
             raise Unavailable("edge-store", str(e)) from e
         if res is not None and not res.applied and res.state:
-            self._same_request(it, res)
-            return Outcome(it.intent_uuid, res.state, False, replayed=True)
+            return self._replayed(it, res)
         state = getattr(by_kind.get("edge"), "state", None) or "unliked"
         return Outcome(it.intent_uuid, state, False)
+
+    def _replayed(self, it: Intent, intent_row: Any) -> Outcome:
+        """The first answer, rebuilt from the key's intent row: an intent that produced an event
+        changed the edge (DESIGN: a replay of the same key returns the first answer; review D8).
+        Intent rows written before they named their topic answer `changed: false` (24 h TTL)."""
+        self._same_request(it, intent_row)
+        changed = getattr(intent_row, "topic", None) is not None
+        return Outcome(it.intent_uuid, intent_row.state, changed, replayed=True)
 
     @staticmethod
     def _same_request(it: Intent, intent_row: Any) -> None:
