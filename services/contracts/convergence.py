@@ -34,6 +34,23 @@ RELAY_TAKEOVER_S = RELAY_LEASE_TTL_S + RELAY_LEASE_RENEW_S
 # into a bucket the relay has passed is still found (review D11). A larger skew is a broken NTP:
 # the write service refuses to be ready with a clock this far from the edge-store's.
 MAX_CLOCK_SKEW_S = 120.0
+EDGE_STORE_NOW = "SELECT toUnixTimestamp(now()) AS ms FROM system.local"  # the coordinator's clock
+
+
+def clock_offset_s(query_ms: Callable[[], float], clock: Callable[[], float] = time.time) -> float:
+    """This host's clock minus the edge-store's (`query_ms` runs EDGE_STORE_NOW), within half a
+    round trip."""
+    before = clock()
+    theirs = query_ms() / 1000
+    after = clock()
+    return (before + after) / 2 - theirs
+
+
+def clock_within_skew(offset_s: float) -> bool:
+    """Writers and relays each keep within half of MAX_CLOCK_SKEW_S of the edge-store's clock,
+    so any writer and any relay are within MAX_CLOCK_SKEW_S of each other."""
+    return abs(offset_s) <= MAX_CLOCK_SKEW_S / 2
+
 
 HOLD_S = (
     RELAY_REPUBLISH_AFTER_S

@@ -301,3 +301,15 @@ def test_relay_replicas_share_the_shards_and_take_over_a_dead_ones(
     assert len({e.intent_uuid for e in events_for(stack, intents, want=len(intents))}) == len(
         intents
     )
+
+
+def test_a_clock_too_far_from_the_edge_stores_is_not_ready(cql: Session) -> None:
+    """The skew the relay tolerates is enforced where it starts: the write service and the relay
+    report not ready with a clock off by more than half MAX_CLOCK_SKEW_S (the edge-store's)."""
+    from services.common.clock import EdgeStoreClock
+
+    here = EdgeStoreClock(cql)
+    assert here.ok() and here.offset_s is not None and abs(here.offset_s) < 5
+    late = EdgeStoreClock(cql, clock=lambda: time.time() - convergence.MAX_CLOCK_SKEW_S)
+    assert not late.ok()
+    assert late.offset_s is not None and late.offset_s < -convergence.MAX_CLOCK_SKEW_S / 2
