@@ -5,6 +5,21 @@ The edge-store is also the durable dedup: every applied intent leaves an `intent
 in the user's partition, written in the same BATCH as the edge, so a retry whose idem key was never
 SET (a crash between commit and SET) finds its intent and cannot apply a second time, even after
 later intents changed the edge (invariant 7: like → unlike → like, any retry order).
+
+Across regions (review D3) the batch is serialised per data centre (LOCAL_SERIAL). A retry that
+lands in the other region before this region's intent row has replicated there (a failover, or a
+severed link; the idem-store is regional too) finds neither the intent nor the liked edge and
+applies again: both regions publish an event with the same intent_uuid and each region's
+aggregator folds its own into its own cells, so the post counts one like twice. The edge rows
+merge to one (last write wins), so has_liked and the edge count stay right. Decision: keep
+LOCAL_SERIAL (SERIAL would put a cross-region Paxos round on every like and refuse every write
+while the link is down, which the seed rules out) and let the reconciler repair it:
+`likes recount` counts the distinct liked edges and writes the difference into the post's
+correction cell (invariant 6). Bounded: only an intent whose first answer was lost and whose
+retry crossed regions within the replication lag (milliseconds; the length of a link outage).
+Not built: dedup across regions by intent_uuid (a region's aggregator would have to see the
+peer's events before folding its own; the mirrored topics refresh aggregates and are never
+counted).
 """
 
 from __future__ import annotations
@@ -329,7 +344,7 @@ class LikeWriter:
             # 2b. intent + edge transition + outbox row: one partition, one Paxos round
             batch = BatchStatement(
                 batch_type=BatchType.UNLOGGED,
-                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,  # per region: docstring, D3
             )
             batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
             batch.add(
