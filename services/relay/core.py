@@ -66,6 +66,7 @@ class PassResult:
 
 @dataclass
 class _Failures:
+    shard: int
     attempts: int = 0
     error: str = ""
     retriable: bool = True
@@ -160,11 +161,14 @@ class OutboxRelay:
         now_bucket = int(now // BUCKET_S)
         for s in set(self.low_water) - shards:  # given back or lapsed: its new owner drains it
             del self.low_water[s]
+        self._failures = {e: f for e, f in self._failures.items() if f.shard in shards}
         if shards - set(self.low_water):
             self._find_low_water(shards - set(self.low_water), now_bucket)
         res = PassResult(shards=shards)
         oldest: float | None = None
         for shard in sorted(shards):
+            if self.leases is not None:
+                self.leases.refresh()  # renews when due: a long pass (slow acks) keeps its leases
             for bucket in range(self.low_water[shard], now_bucket + 1):
                 if self.leases is not None and not self.leases.holds(shard):
                     break  # the lease is about to lapse: stop before another replica takes it
@@ -241,7 +245,7 @@ class OutboxRelay:
     ) -> bool:
         """Count a failed publish; dead-letter the row once it is clearly the row's fault or has
         failed too long. True if it was dead-lettered (its marker is then gone)."""
-        f = self._failures.setdefault(m.event_id, _Failures())
+        f = self._failures.setdefault(m.event_id, _Failures(shard))
         f.attempts += 1
         f.error, f.retriable = f"{type(e).__name__}: {e}", _retriable(e)
         if f.attempts < self.dead_letter_attempts or (
