@@ -3,8 +3,9 @@
 A count has converged when it equals the truth and STILL equals it after `HOLD_S`: the relay's
 republish horizon + the writer's producer retry time + two aggregation windows. A duplicate
 publication can arrive that late (the writer's producer retries for WRITER_PUBLISH_TIMEOUT_S,
-the relay republishes rows older than RELAY_REPUBLISH_AFTER_S and waits RELAY_PUBLISH_TIMEOUT_S
-for its ack) and is folded within two windows; a check that returns at the first match cannot
+the relay republishes rows older than RELAY_REPUBLISH_AFTER_S, RELAY_TAKEOVER_S later when the
+replica owning their shard died, and waits RELAY_PUBLISH_TIMEOUT_S for its ack) and is folded
+within two windows; a check that returns at the first match cannot
 see a double count that lands after it (review H9: a one-sided oracle).
 """
 
@@ -19,8 +20,41 @@ RELAY_PUBLISH_TIMEOUT_S = 5.0  # the relay's producer message.timeout.ms
 WRITER_PUBLISH_TIMEOUT_S = 10.0  # the write service's producer message.timeout.ms
 AGG_WINDOW_S = 1.0  # the aggregator's default window (AggregatorSettings.agg_window_ms)
 
+# Each relay replica drains the outbox shards it holds a lease on (services/relay/leases.py). A
+# replica renews its leases every RELAY_LEASE_RENEW_S; a dead one's leases and membership lapse
+# after RELAY_LEASE_TTL_S, and the survivors take its shards at their next renewal: a row it owned
+# waits at most RELAY_TAKEOVER_S longer for its republish (so a duplicate can arrive that late).
+RELAY_LEASE_TTL_S = 6
+RELAY_LEASE_RENEW_S = RELAY_LEASE_TTL_S / 3
+RELAY_TAKEOVER_S = RELAY_LEASE_TTL_S + RELAY_LEASE_RENEW_S
+
+# The largest clock difference between a writer and the relay that the outbox tolerates: a writer
+# puts its marker in the minute bucket of ITS clock, and the relay keeps re-scanning the buckets of
+# the last MAX_CLOCK_SKEW_S (+ one minute) after they drained, so a marker a lagging writer puts
+# into a bucket the relay has passed is still found (review D11). A larger skew is a broken NTP:
+# the write service refuses to be ready with a clock this far from the edge-store's.
+MAX_CLOCK_SKEW_S = 120.0
+EDGE_STORE_NOW = "SELECT toUnixTimestamp(now()) AS ms FROM system.local"  # the coordinator's clock
+
+
+def clock_offset_s(query_ms: Callable[[], float], clock: Callable[[], float] = time.time) -> float:
+    """This host's clock minus the edge-store's (`query_ms` runs EDGE_STORE_NOW), within half a
+    round trip."""
+    before = clock()
+    theirs = query_ms() / 1000
+    after = clock()
+    return (before + after) / 2 - theirs
+
+
+def clock_within_skew(offset_s: float) -> bool:
+    """Writers and relays each keep within half of MAX_CLOCK_SKEW_S of the edge-store's clock,
+    so any writer and any relay are within MAX_CLOCK_SKEW_S of each other."""
+    return abs(offset_s) <= MAX_CLOCK_SKEW_S / 2
+
+
 HOLD_S = (
     RELAY_REPUBLISH_AFTER_S
+    + RELAY_TAKEOVER_S
     + RELAY_PUBLISH_TIMEOUT_S
     + WRITER_PUBLISH_TIMEOUT_S
     + 2 * (AGG_WINDOW_S)

@@ -67,7 +67,9 @@ HOTKEY_SAMPLER = Workload(
     "services.hotkey_sampler.settings:SamplerSettings",
     HTTP_PORT,
 )
-OUTBOX_RELAY = Workload("outbox-relay", "worker", "services.relay", BASE, OPS_PORT)
+OUTBOX_RELAY = Workload(
+    "outbox-relay", "worker", "services.relay", "services.relay.settings:RelaySettings", OPS_PORT
+)
 AGGREGATOR = Workload(
     "aggregator",
     "worker",

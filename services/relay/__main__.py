@@ -1,4 +1,5 @@
-"""`python -m services.relay --port P`: drain the outbox every half second until SIGTERM."""
+"""`python -m services.relay --port P`: drain the outbox shards this replica holds a lease on,
+every LIKES_RELAY_INTERVAL_S, until SIGTERM (then give the leases back)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,22 @@ import logging
 import signal
 import threading
 
-from services.common import observability, worker_http
+from services.common import clock, observability, worker_http
 from services.contracts import clients, convergence, workloads
 from services.contracts.clients import CASSANDRA_ERRORS
-from services.contracts.settings import Settings
 from services.relay.core import OutboxRelay
-from services.write.core import Publisher
+from services.relay.leases import ShardLeases
+from services.relay.settings import RelaySettings
+from services.write.core import OUTBOX_SHARDS, Publisher
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Publish outbox rows the write path could not.")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True, help="port of /healthz, /readyz, /metrics")
-    ap.add_argument("--interval", type=float, default=0.5, help="seconds between passes")
     args = ap.parse_args()
 
-    settings = Settings()
+    settings = RelaySettings()
     log = observability.setup_logging(workloads.OUTBOX_RELAY.name, settings.log_level)
     observability.setup_tracing(workloads.OUTBOX_RELAY.name, settings.otlp_endpoint)
     cluster, session = clients.cassandra(settings, first_connect_s=clients.FIRST_CONNECT_S)
@@ -31,31 +32,47 @@ def main() -> None:
             settings, **{"message.timeout.ms": round(1000 * convergence.RELAY_PUBLISH_TIMEOUT_S)}
         )
     )
-    relay = OutboxRelay(session, publisher)
+    replica = settings.new_replica_id()
+    leases = ShardLeases(session, replica, OUTBOX_SHARDS)
+    relay = OutboxRelay(
+        session,
+        publisher,
+        leases=leases,
+        dead_letter_attempts=settings.relay_dead_letter_attempts,
+        dead_letter_after_s=settings.relay_dead_letter_after_s,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     last_ok = threading.Event()
 
+    edge_clock = clock.EdgeStoreClock(session)
+
     def ready() -> dict[str, bool]:
-        return {"edge-store": last_ok.is_set()}
+        # a clock ahead of the writers' would pass buckets they still write into (D11)
+        return {"edge-store": last_ok.is_set(), "clock": edge_clock.ok()}
 
     loop = worker_http.LoopHealth(())  # /healthz: a pass that hangs gets the pod restarted
     server = worker_http.serve(args.host, args.port, ready, loop.alive)
-    log.info("relay started")
+    log.info("relay started", extra={"fields": {"replica": replica}})
     while not stop.is_set():
         loop.turned()
         try:
             res = relay.run_once()
             last_ok.set()
-            if res.published:
-                log.info("relayed", extra={"fields": {"published": res.published}})
+            if res.published or res.dead_lettered:
+                log.info(
+                    "relayed",
+                    extra={"fields": {"published": res.published,
+                                      "dead_lettered": res.dead_lettered}},
+                )  # fmt: skip
         except CASSANDRA_ERRORS as e:
             last_ok.clear()
             log.warning("edge-store unavailable", extra={"fields": {"error": str(e)}})
         except Exception:
             logging.getLogger("relay").exception("relay pass failed")
-        stop.wait(args.interval)
+        stop.wait(settings.relay_interval_s)
+    leases.release()  # the others take these shards at their next renewal, not after the TTL
     server.shutdown()
     publisher.close()
     cluster.shutdown()

@@ -1,23 +1,31 @@
 """Drain the outbox: find markers in `outbox_pending`, publish their outbox rows, clean up.
 
 Safe to run more than once: two relays may publish the same row twice, which is fine because the
-event keeps its event_id and intent_uuid and every consumer dedups on intent_uuid.
+event keeps its event_id and intent_uuid and every consumer dedups on intent_uuid. With `leases`,
+a replica drains only the shards it holds a lease on (leases.py), so replicas do not all scan and
+republish the same rows; without, it drains every shard (a tool, a test).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+import uuid
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.query import ConsistencyLevel
+from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import Counter, Gauge
 
-from services.contracts import convergence
+from services.contracts import convergence, events, workloads
 from services.contracts.clients import CASSANDRA_ERRORS
+from services.relay.leases import ShardLeases
 from services.write.core import OUTBOX_SHARDS, Publisher
 
 log = logging.getLogger("relay")
@@ -26,6 +34,24 @@ BACKLOG = Gauge("likes_outbox_backlog", "Outbox events waiting to be published (
 OLDEST = Gauge("likes_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox event")
 PUBLISHED = Counter("likes_outbox_published_total", "Outbox events the relay published")
 FAILED = Counter("likes_outbox_publish_failures_total", "Relay publish attempts that failed")
+# "likes_<who>_dead_letter_total": the DeadLetterGrowth alert sums every such counter
+DEAD_LETTERED = Counter(
+    "likes_outbox_dead_letter", "Outbox rows the relay gave up on and sent to likes.dead-letter"
+)
+DEAD_LETTER_FAILURES = Counter(
+    "likes_outbox_dead_letter_failures",
+    "Dead-letter sends the topic refused (the row stays and is retried)",
+)
+LOW_WATER_AGE = Gauge(
+    "likes_outbox_low_water_age_seconds",
+    "Age of the oldest bucket the relay still scans (grows when a row pins it)",
+)
+
+BUCKET_S = 60  # a marker's bucket is its created_at in epoch minutes (002_tables.cql)
+# a drained bucket is passed only once no writer within MAX_CLOCK_SKEW_S of the relay's clock can
+# still put a marker into it (review D11: a lagging writer wrote into passed buckets, never read)
+TRAILING_BUCKETS = 1 + math.ceil(convergence.MAX_CLOCK_SKEW_S / BUCKET_S)
+DEAD_LETTER_SOURCE = "outbox"  # dlq.source of the relay's dead letters
 
 
 @dataclass
@@ -33,6 +59,31 @@ class PassResult:
     published: int = 0
     pending: int = 0
     dropped_markers: int = 0
+    dead_lettered: int = 0
+    shards: frozenset[int] = frozenset()  # the shards this pass drained
+    published_ids: list[str] = field(default_factory=list)  # event ids, in publish order
+
+
+@dataclass
+class _Failures:
+    shard: int
+    attempts: int = 0
+    error: str = ""
+    retriable: bool = True
+
+
+def _retriable(e: BaseException) -> bool:
+    """Whether Kafka may take this row later (a broker or the network); a row it refuses for
+    what it is (too large, invalid) or cannot even be sent (no topic, no value) never will be."""
+    if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
+        err: KafkaError = e.args[0]
+        return bool(err.retriable()) or err.code() in (
+            KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+            KafkaError._ALL_BROKERS_DOWN, KafkaError.NOT_ENOUGH_REPLICAS,
+            KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError._QUEUE_FULL,
+        )  # fmt: skip
+    return isinstance(e, (TimeoutError, BufferError))
 
 
 class OutboxRelay:
@@ -41,10 +92,17 @@ class OutboxRelay:
         session: Session,
         publisher: Publisher,
         *,
-        stale_marker_s: float = 30.0,
+        # a writer whose clock lags by up to MAX_CLOCK_SKEW_S makes a marker look that much
+        # older: it is dropped only once its batch cannot still be in flight even then
+        stale_marker_s: float = 30.0 + convergence.MAX_CLOCK_SKEW_S,
         min_age_s: float = convergence.RELAY_REPUBLISH_AFTER_S,
         batch: int = 500,
         publish_wait_s: float = convergence.RELAY_PUBLISH_TIMEOUT_S,
+        leases: ShardLeases | None = None,
+        dead_letter_topic: str = events.DEAD_LETTER,
+        dead_letter_attempts: int = 5,
+        dead_letter_after_s: float = 1800.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.session = session
         self.publisher = publisher
@@ -54,17 +112,26 @@ class OutboxRelay:
         self.min_age_s = min_age_s
         self.batch = batch
         self.publish_wait_s = publish_wait_s
+        self.leases = leases
+        # a row that fails `dead_letter_attempts` times and is refused for what it is, or keeps
+        # failing for `dead_letter_after_s`, goes to the dead-letter topic: it would otherwise
+        # pin its shard's low-water mark, and every pass would scan every bucket since (D11)
+        self.dead_letter_topic = dead_letter_topic
+        self.dead_letter_attempts = dead_letter_attempts
+        self.dead_letter_after_s = dead_letter_after_s
+        self.clock = clock
+        self._failures: dict[uuid.UUID, _Failures] = {}
         p = session.prepare
         self.q_markers = p(
             "SELECT created_at, event_id, user_id FROM outbox_pending "
             "WHERE bucket = ? AND shard = ? LIMIT ?"
         )
         self.q_row = p(
-            "SELECT topic, payload, published, kafka_key FROM edges "
+            "SELECT topic, payload, published, kafka_key, intent_uuid FROM edges "
             "WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
         )
         self.q_row_serial = p(
-            "SELECT topic, payload, published, kafka_key FROM edges "
+            "SELECT topic, payload, published, kafka_key, intent_uuid FROM edges "
             "WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
         )
         self.q_row_serial.consistency_level = ConsistencyLevel.LOCAL_SERIAL
@@ -73,78 +140,172 @@ class OutboxRelay:
             "DELETE FROM outbox_pending WHERE bucket = ? AND shard = ? AND created_at = ? "
             "AND event_id = ?"
         )
-        self.low_water: int | None = None  # oldest bucket that may still hold markers
+        self.low_water: dict[int, int] = {}  # shard -> oldest bucket that may still hold markers
 
-    def _find_low_water(self) -> int:
-        # once per start: the partition keys in use (few: drained buckets are deleted)
+    def _find_low_water(self, shards: Iterable[int], now_bucket: int) -> None:
+        """For shards taken on (at start, or from another replica): the oldest bucket in use.
+        The partition keys in use are few: drained buckets hold only tombstones, gone after
+        gc_grace."""
         rows = self.session.execute("SELECT DISTINCT bucket, shard FROM outbox_pending")
-        buckets = [r.bucket for r in rows]
-        return min(buckets) if buckets else int(time.time() // 60)
+        oldest: dict[int, int] = {}
+        for r in rows:
+            oldest[r.shard] = min(r.bucket, oldest.get(r.shard, r.bucket))
+        floor = now_bucket - TRAILING_BUCKETS
+        for s in shards:
+            self.low_water[s] = min(oldest.get(s, floor), floor)
 
     def run_once(self) -> PassResult:
-        """One pass over every bucket from the low-water mark to now."""
-        if self.low_water is None:
-            self.low_water = self._find_low_water()
-        now = time.time()
-        now_bucket = int(now // 60)
-        res = PassResult()
+        """One pass over every owned shard, from its low-water bucket to now."""
+        shards = frozenset(range(OUTBOX_SHARDS)) if self.leases is None else self.leases.refresh()
+        now = self.clock()
+        now_bucket = int(now // BUCKET_S)
+        for s in set(self.low_water) - shards:  # given back or lapsed: its new owner drains it
+            del self.low_water[s]
+        self._failures = {e: f for e, f in self._failures.items() if f.shard in shards}
+        if shards - set(self.low_water):
+            self._find_low_water(shards - set(self.low_water), now_bucket)
+        res = PassResult(shards=shards)
         oldest: float | None = None
-        for bucket in range(self.low_water, now_bucket + 1):
-            bucket_empty = True
-            for shard in range(OUTBOX_SHARDS):
-                markers = list(self.session.execute(self.q_markers, (bucket, shard, self.batch)))
-                if markers:
-                    bucket_empty = False
-                inflight: list[tuple[Future[None], object, int, int]] = []
-                for m in markers:
-                    row = self.session.execute(self.q_row, (m.user_id, str(m.event_id))).one()
-                    created = m.created_at.replace(tzinfo=UTC).timestamp()
-                    if row is None and now - created > self.stale_marker_s:
-                        # about to drop: a batch whose client saw a CAS timeout may still be an
-                        # accepted Paxos proposal that the next LWT on this user completes,
-                        # maybe hours later, when no marker is left (review D1). A SERIAL read
-                        # finishes any such round now: after it, the row exists or never will.
-                        row = self.session.execute(
-                            self.q_row_serial, (m.user_id, str(m.event_id))
-                        ).one()
-                    if row is None or row.published:
-                        # published and cleaned, or a batch that never applied (its client got
-                        # a 503): drop the marker once no write can still be in flight
-                        if row is not None or now - created > self.stale_marker_s:
-                            self.session.execute(
-                                self.q_del_marker, (bucket, shard, m.created_at, m.event_id)
-                            )
-                            res.dropped_markers += 1
-                        continue
-                    res.pending += 1
-                    oldest = created if oldest is None else min(oldest, created)
-                    if now - created < self.min_age_s:
-                        continue
-                    fut = self.publisher.publish(row.topic, row.kafka_key, row.payload)
-                    inflight.append((fut, m, bucket, shard))
-                for fut, m, b, s in inflight:
-                    try:
-                        fut.result(timeout=self.publish_wait_s)
-                    except Exception as e:
-                        FAILED.inc()
-                        log.warning("relay publish failed", extra={"fields": {"error": str(e)}})
-                        continue
-                    PUBLISHED.inc()
-                    res.published += 1
-                    self._cleanup(m, b, s)
-            if bucket_empty and bucket < now_bucket - 1 and bucket == self.low_water:
-                self.low_water = bucket + 1  # drained and too old to get new markers
+        for shard in sorted(shards):
+            if self.leases is not None:
+                self.leases.refresh()  # renews when due: a long pass (slow acks) keeps its leases
+            for bucket in range(self.low_water[shard], now_bucket + 1):
+                if self.leases is not None and not self.leases.holds(shard):
+                    break  # the lease is about to lapse: stop before another replica takes it
+                empty, o = self._drain(bucket, shard, now, res)
+                if o is not None:
+                    oldest = o if oldest is None else min(oldest, o)
+                if (
+                    empty
+                    and bucket == self.low_water[shard]
+                    and bucket < now_bucket - TRAILING_BUCKETS
+                ):
+                    self.low_water[shard] = bucket + 1  # drained, and no writer can reach it
         BACKLOG.set(res.pending - res.published)
         OLDEST.set(0 if oldest is None else max(0.0, now - oldest))
+        lw = min(self.low_water.values(), default=now_bucket)
+        LOW_WATER_AGE.set(max(0.0, now - lw * BUCKET_S))
         return res
 
-    def _cleanup(self, m: object, bucket: int, shard: int) -> None:
+    def _drain(
+        self, bucket: int, shard: int, now: float, res: PassResult
+    ) -> tuple[bool, float | None]:
+        """Publish one (bucket, shard) partition's rows; (whether it was empty, oldest pending)."""
+        markers = list(self.session.execute(self.q_markers, (bucket, shard, self.batch)))
+        oldest: float | None = None
+        inflight: list[tuple[Future[None], Any, Any]] = []
+        for m in markers:
+            row = self.session.execute(self.q_row, (m.user_id, str(m.event_id))).one()
+            created = m.created_at.replace(tzinfo=UTC).timestamp()
+            if row is None and now - created > self.stale_marker_s:
+                # about to drop: a batch whose client saw a CAS timeout may still be an accepted
+                # Paxos proposal that the next LWT on this user completes, maybe hours later,
+                # when no marker is left (review D1). A SERIAL read finishes any such round now:
+                # after it, the row exists or never will.
+                row = self.session.execute(self.q_row_serial, (m.user_id, str(m.event_id))).one()
+            if row is None or row.published:
+                # published and cleaned, or a batch that never applied (its client got a 503):
+                # drop the marker once no write can still be in flight
+                if row is not None or now - created > self.stale_marker_s:
+                    self.session.execute(
+                        self.q_del_marker, (bucket, shard, m.created_at, m.event_id)
+                    )
+                    res.dropped_markers += 1
+                continue
+            res.pending += 1
+            oldest = created if oldest is None else min(oldest, created)
+            if now - created < self.min_age_s:
+                continue
+            if row.topic is None or row.payload is None or row.kafka_key is None:
+                fut: Future[None] = Future()
+                fut.set_exception(ValueError("outbox row without topic, key or payload"))
+            else:
+                fut = self.publisher.publish(row.topic, row.kafka_key, row.payload)
+            inflight.append((fut, m, row))
+        for fut, m, row in inflight:
+            try:
+                fut.result(timeout=self.publish_wait_s)
+            except Exception as e:
+                FAILED.inc()
+                log.warning("relay publish failed", extra={"fields": {"error": str(e)}})
+                created = m.created_at.replace(tzinfo=UTC).timestamp()
+                if self._failed(m, row, bucket, shard, now - created, e):
+                    res.dead_lettered += 1
+                    res.pending -= 1
+                continue
+            self._failures.pop(m.event_id, None)
+            PUBLISHED.inc()
+            res.published += 1
+            res.published_ids.append(str(m.event_id))
+            self._cleanup(m, bucket, shard)
+        return not markers, oldest
+
+    def _failed(
+        self, m: Any, row: Any, bucket: int, shard: int, age_s: float, e: BaseException
+    ) -> bool:
+        """Count a failed publish; dead-letter the row once it is clearly the row's fault or has
+        failed too long. True if it was dead-lettered (its marker is then gone)."""
+        f = self._failures.setdefault(m.event_id, _Failures(shard))
+        f.attempts += 1
+        f.error, f.retriable = f"{type(e).__name__}: {e}", _retriable(e)
+        if f.attempts < self.dead_letter_attempts or (
+            f.retriable and age_s < self.dead_letter_after_s
+        ):
+            return False
+        if not self._dead_letter(m, row, bucket, shard, f):
+            return False
+        self._failures.pop(m.event_id, None)
+        try:  # the outbox row stays, unpublished: the record the dead letter refers to
+            self.session.execute(self.q_del_marker, (bucket, shard, m.created_at, m.event_id))
+        except CASSANDRA_ERRORS as err:  # the next pass finds it again and dead-letters again
+            log.warning("relay marker delete failed", extra={"fields": {"error": str(err)}})
+        return True
+
+    def _dead_letter(self, m: Any, row: Any, bucket: int, shard: int, f: _Failures) -> bool:
+        """Publish a dead letter for the row and wait for its ack. It carries the event itself
+        (a replay publishes it to dlq.source.topic) or, if Kafka refuses that too (too large),
+        only the reference to the outbox row, which stays in the edge-store."""
+        hs: list[tuple[str, str | bytes | None]] = [
+            ("dlq.source", DEAD_LETTER_SOURCE.encode()),
+            ("dlq.source.topic", (row.topic or "").encode()),
+            ("dlq.consumer", workloads.OUTBOX_RELAY.name.encode()),
+            ("dlq.error", f.error[:1000].encode()),
+            ("dlq.attempts", str(f.attempts).encode()),
+            ("dlq.event_id", str(m.event_id).encode()),
+            ("dlq.outbox.user_id", str(m.user_id).encode()),
+            ("dlq.outbox.bucket", str(bucket).encode()),
+            ("dlq.outbox.shard", str(shard).encode()),
+        ]
+        if row.intent_uuid is not None:
+            hs.append(("dlq.intent_uuid", str(row.intent_uuid).encode()))
+        key = row.kafka_key or str(m.user_id)
+        reference: list[tuple[str, str | bytes | None]] = [("dlq.reference", b"1")]
+        for value, extra in ((row.payload, []), (None, reference)):
+            fut = self.publisher.publish(self.dead_letter_topic, key, value, headers=hs + extra)
+            try:
+                fut.result(timeout=self.publish_wait_s)
+            except Exception as e:
+                last = e
+                continue
+            DEAD_LETTERED.inc()
+            log.error(
+                "outbox row dead-lettered",
+                extra={"fields": {"user_id": m.user_id, "event_id": str(m.event_id),
+                                  "error": f.error, "attempts": f.attempts}},
+            )  # fmt: skip
+            return True
+        DEAD_LETTER_FAILURES.inc()
+        log.error(
+            "dead-letter topic refused an outbox row; it stays and is retried",
+            extra={"fields": {"user_id": m.user_id, "event_id": str(m.event_id),
+                              "error": f.error, "dlq_error": str(last)}},
+        )  # fmt: skip
+        return False
+
+    def _cleanup(self, m: Any, bucket: int, shard: int) -> None:
         try:
-            self.session.execute(self.q_del_row, (m.user_id, str(m.event_id)))  # type: ignore[attr-defined]
-            self.session.execute(
-                self.q_del_marker,
-                (bucket, shard, m.created_at, m.event_id),  # type: ignore[attr-defined]
-            )
+            self.session.execute(self.q_del_row, (m.user_id, str(m.event_id)))
+            self.session.execute(self.q_del_marker, (bucket, shard, m.created_at, m.event_id))
         except CASSANDRA_ERRORS as e:  # the next pass sees it published or republishes (dedup)
             log.warning("relay cleanup failed", extra={"fields": {"error": str(e)}})
 

@@ -5,6 +5,21 @@ The edge-store is also the durable dedup: every applied intent leaves an `intent
 in the user's partition, written in the same BATCH as the edge, so a retry whose idem key was never
 SET (a crash between commit and SET) finds its intent and cannot apply a second time, even after
 later intents changed the edge (invariant 7: like → unlike → like, any retry order).
+
+Across regions (review D3) the batch is serialised per data centre (LOCAL_SERIAL). A retry that
+lands in the other region before this region's intent row has replicated there (a failover, or a
+severed link; the idem-store is regional too) finds neither the intent nor the liked edge and
+applies again: both regions publish an event with the same intent_uuid and each region's
+aggregator folds its own into its own cells, so the post counts one like twice. The edge rows
+merge to one (last write wins), so has_liked and the edge count stay right. Decision: keep
+LOCAL_SERIAL (SERIAL would put a cross-region Paxos round on every like and refuse every write
+while the link is down, which the seed rules out) and let the reconciler repair it:
+`likes recount` counts the distinct liked edges and writes the difference into the post's
+correction cell (invariant 6). Bounded: only an intent whose first answer was lost and whose
+retry crossed regions within the replication lag (milliseconds; the length of a link outage).
+Not built: dedup across regions by intent_uuid (a region's aggregator would have to see the
+peer's events before folding its own; the mirrored topics refresh aggregates and are never
+counted).
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from typing import Any, Literal
 
 import redis
 from cassandra.cluster import Session
-from cassandra.query import BatchStatement, BatchType, ConsistencyLevel
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, ConsistencyLevel
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -95,10 +110,12 @@ class Statements:
             "VALUES (?, ?, ?, ?, ?)"
         )
         # the intent row remembers which post and which state its key asked for: a key reused
-        # for another request is refused instead of answered with the first one's outcome
+        # for another request is refused instead of answered with the first one's outcome. Its
+        # `topic` names the topic of the event it produced (none: a no-op), so a replay answered
+        # from it says `changed` as the first answer did (review D8).
         self.intent = p(
-            "INSERT INTO edges (user_id, kind, ref, state, intent_uuid, updated_at, post_id) "
-            "VALUES (?, 'intent', ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL 86400"
+            "INSERT INTO edges (user_id, kind, ref, state, intent_uuid, updated_at, post_id, "
+            "topic) VALUES (?, 'intent', ?, ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL 86400"
         )
         # like: from no edge or 'unliked'; unlike: only from 'liked' (an unlike of nothing is a
         # no-op, never a -1)
@@ -142,17 +159,22 @@ class Publisher:
         while not self._stop.is_set():
             self.producer.poll(0.1)
 
-    def publish(self, topic: str, key: str, value: bytes) -> Future[None]:
+    def publish(
+        self, topic: str, key: str, value: bytes | None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> Future[None]:  # fmt: skip
         fut: Future[None] = Future()
 
         def done(err: KafkaError | None, _msg: Message) -> None:
             if err is None:
                 fut.set_result(None)
-            else:
-                fut.set_exception(RuntimeError(str(err)))
+            else:  # the KafkaError goes along: the relay tells a row's fault from a broker's
+                fut.set_exception(KafkaException(err))
 
         try:
-            self.producer.produce(topic, key=key.encode(), value=value, on_delivery=done)
+            self.producer.produce(
+                topic, key=key.encode(), value=value, headers=headers, on_delivery=done
+            )
         except (BufferError, KafkaException) as e:
             # local queue full, or the client refused the message: the like is committed, the
             # outbox relay will publish it; never a 500 after the commit (review D12)
@@ -322,13 +344,14 @@ class LikeWriter:
             # 2b. intent + edge transition + outbox row: one partition, one Paxos round
             batch = BatchStatement(
                 batch_type=BatchType.UNLOGGED,
-                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,  # per region: docstring, D3
             )
             batch.consistency_level = ConsistencyLevel.LOCAL_QUORUM
             batch.add(
                 self.q.intent,
-                (it.user_id, it.intent_uuid, it.target_state, intent_id, now, it.post_id),
-            )
+                (it.user_id, it.intent_uuid, it.target_state, intent_id, now, it.post_id,
+                 events.COMMITTED),
+            )  # fmt: skip
             if it.action == "like":
                 batch.add(self.q.to_liked, (it.reaction, now, intent_id, it.user_id, it.post_id))
             else:
@@ -361,24 +384,30 @@ class LikeWriter:
         # a failed LWT returns the current rows it checked (none when a row does not exist)
         by_kind = {getattr(r, "kind", None): r for r in rows}
         if "intent" in by_kind:  # a replay: answer what the intent produced
-            self._same_request(it, by_kind["intent"])
-            return Outcome(it.intent_uuid, by_kind["intent"].state, False, replayed=True)
+            return self._replayed(it, by_kind["intent"])
         # a no-op; record the intent so a late retry of it cannot apply after a later change
         try:
             res = self.session.execute(
                 self.q.intent,
                 (
                     it.user_id, it.intent_uuid, it.target_state, uuid.UUID(it.intent_uuid),
-                    now, it.post_id,
+                    now, it.post_id, UNSET_VALUE,  # a no-op: no event, no topic (no null cell)
                 ),
             ).one()  # fmt: skip
         except CASSANDRA_ERRORS as e:
             raise Unavailable("edge-store", str(e)) from e
         if res is not None and not res.applied and res.state:
-            self._same_request(it, res)
-            return Outcome(it.intent_uuid, res.state, False, replayed=True)
+            return self._replayed(it, res)
         state = getattr(by_kind.get("edge"), "state", None) or "unliked"
         return Outcome(it.intent_uuid, state, False)
+
+    def _replayed(self, it: Intent, intent_row: Any) -> Outcome:
+        """The first answer, rebuilt from the key's intent row: an intent that produced an event
+        changed the edge (DESIGN: a replay of the same key returns the first answer; review D8).
+        Intent rows written before they named their topic answer `changed: false` (24 h TTL)."""
+        self._same_request(it, intent_row)
+        changed = getattr(intent_row, "topic", None) is not None
+        return Outcome(it.intent_uuid, intent_row.state, changed, replayed=True)
 
     @staticmethod
     def _same_request(it: Intent, intent_row: Any) -> None:

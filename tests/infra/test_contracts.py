@@ -333,9 +333,14 @@ def test_write_readiness_is_false_when_the_driver_has_no_live_edge_store_host(
     app.state.writer = SimpleNamespace(
         idem=_Idem(), session=SimpleNamespace(cluster=SimpleNamespace(metadata=metadata))
     )
+    app.state.clock = SimpleNamespace(ok=lambda: True)  # checked on the real store: test_relay
     r = TestClient(app).get(workloads.READY_PATH)
     assert r.status_code == (200 if ready else 503)
     assert r.json()["checks"]["edge-store"] is ready
+    # and a clock too far from the edge-store's is not ready either (review D11)
+    app.state.clock = SimpleNamespace(ok=lambda: False)
+    r = TestClient(app).get(workloads.READY_PATH)
+    assert r.status_code == 503 and r.json()["checks"]["clock"] is False
 
 
 # -- (d) the operator and its CRD (C4) ----------------------------------------------------------

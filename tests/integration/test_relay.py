@@ -1,20 +1,31 @@
-"""The outbox relay's marker decisions on the real edge-store and Kafka: a stale marker without
-its outbox row is dropped, one whose row exists (a batch that applied after its client gave up)
-is published; the drop goes through a SERIAL read of the user's partition (review D1)."""
+"""The outbox relay on the real edge-store and Kafka: a stale marker without its outbox row is
+dropped, one whose row exists (a batch that applied after its client gave up) is published, the
+drop going through a SERIAL read of the user's partition (review D1); a marker a lagging writer
+puts into a bucket already passed is still found, an unpublishable row is dead-lettered instead
+of pinning the low-water mark (D11); replicas share the shards through leases and take over a
+dead replica's."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from cassandra.cluster import Session
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from services.contracts import clients, events, keys
+from services.contracts import clients, convergence, events, keys
+from services.relay import core as relay_core
 from services.relay.core import OutboxRelay
-from services.write.core import Publisher, outbox_shard
+from services.write.core import OUTBOX_SHARDS, Publisher, outbox_shard
 from tests.conftest import Stack
+from tests.integration.test_aggregator import wait_for
 from tests.integration.test_write import events_for, outbox_rows
 
 pytestmark = pytest.mark.stack
@@ -49,7 +60,8 @@ def test_a_stale_marker_is_dropped_without_a_row_and_published_with_one(
 
 def _drop_and_publish(stack: Stack, cql: Session) -> None:
     settings = stack.settings()
-    created = datetime.now(UTC) - timedelta(seconds=45)  # older than the write timeout
+    # older than the write timeout, even as seen from a writer whose clock lags the most
+    created = datetime.now(UTC) - timedelta(seconds=45 + convergence.MAX_CLOCK_SKEW_S)
     # 1. a batch that never applied: no outbox row
     lost_user, lost_event = f"u-{uuid.uuid4()}", uuid.uuid4()
     lost_at = marker(cql, lost_user, lost_event, created)
@@ -82,3 +94,222 @@ def _drop_and_publish(stack: Stack, cql: Session) -> None:
     assert markers_of(cql, *late_at, uuid.UUID(ev.event_id)) == 0
     assert outbox_rows(cql, user) == []
     assert [e.event_id for e in events_for(stack, {intent}, want=1)] == [ev.event_id]
+
+
+# -- outbox rows as a writer leaves them ------------------------------------------------------
+
+
+def unpublished_row(
+    stack: Stack, cql: Session, created: datetime, *, user: str | None = None,
+    payload: bytes | None = None,
+) -> tuple[str, str, tuple[int, int]]:  # fmt: skip
+    """An outbox row and its marker, unpublished (its writer never got the ack): (intent,
+    event_id, (bucket, shard) of the marker)."""
+    settings = stack.settings()
+    user, post, intent = user or f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}", str(uuid.uuid4())
+    ev = events.LikeEvent.new(
+        intent_uuid=intent, user_id=user, post_id=post, action="like", reaction="like",
+        delta=1, region=settings.region, shard=0,
+    )  # fmt: skip
+    if payload is None:
+        payload = _serializer(stack)(ev, SerializationContext(events.COMMITTED, MessageField.VALUE))
+    cql.execute(
+        "INSERT INTO edges (user_id, kind, ref, post_id, topic, kafka_key, payload, created_at, "
+        "published, intent_uuid) VALUES (%s, 'outbox', %s, %s, %s, %s, %s, %s, false, %s)",
+        (user, ev.event_id, post, events.COMMITTED, keys.kafka_key(post, 0), payload, created,
+         uuid.UUID(intent)),
+    )  # fmt: skip
+    return intent, ev.event_id, marker(cql, user, uuid.UUID(ev.event_id), created)
+
+
+_SERIALIZERS: dict[str, Any] = {}
+
+
+def _serializer(stack: Stack) -> Any:
+    if stack.kafka_bootstrap not in _SERIALIZERS:
+        registry = clients.schema_registry(stack.settings())
+        _SERIALIZERS[stack.kafka_bootstrap] = clients.like_serializer(registry)
+    return _SERIALIZERS[stack.kafka_bootstrap]
+
+
+@contextmanager
+def own_relays(stack: Stack) -> Iterator[tuple[Session, Publisher]]:
+    """The stack's relay stopped (it would race ours for the rows; a clean stop gives its leases
+    back), a session and a publisher for relays run in-process."""
+    stack.cli("local", "stop", "outbox-relay")
+    settings = stack.settings()
+    cluster, session = clients.cassandra(settings)
+    publisher = Publisher(clients.producer(settings))
+    try:
+        yield session, publisher
+    finally:
+        publisher.close()
+        cluster.shutdown()
+        stack.up()
+
+
+def dead_letters(stack: Stack, event_id: str, timeout: float = 30) -> list[dict[str, bytes]]:
+    """The headers of likes.dead-letter records that name this outbox event."""
+    c = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4()}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    md = c.list_topics(events.DEAD_LETTER, timeout=10).topics[events.DEAD_LETTER]
+    parts = [TopicPartition(events.DEAD_LETTER, p, 0) for p in md.partitions]
+    ends = {p.partition: c.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+    c.assign(parts)
+    found: list[dict[str, bytes]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            hs = dict(m.headers() or [])
+            if hs.get("dlq.event_id") == event_id.encode():
+                found.append(hs)
+        pos = {tp.partition: tp.offset for tp in c.position(parts)}
+        if all(pos[p] >= ends[p] for p in ends if ends[p] > 0):
+            break
+    c.close()
+    return found
+
+
+def test_a_marker_in_a_bucket_already_passed_is_still_published(stack: Stack, cql: Session) -> None:
+    """Review D11: the relay moved its low-water mark past a bucket once it was empty and two
+    minutes old; a writer whose clock lags by more wrote markers into buckets already passed,
+    never read until the relay restarted. It keeps re-scanning MAX_CLOCK_SKEW_S of them."""
+    with own_relays(stack) as (session, publisher):
+        relay = OutboxRelay(session, publisher)
+        relay.run_once()
+        relay.run_once()  # drained: the low-water mark is as far as it goes
+        # a writer lagging 2.5 minutes (within MAX_CLOCK_SKEW_S) commits a like now
+        lag = min(150.0, convergence.MAX_CLOCK_SKEW_S)
+        intent, event_id, _ = unpublished_row(
+            stack, cql, datetime.now(UTC) - timedelta(seconds=lag)
+        )
+        relay.run_once()
+        relay.run_once()
+        # before the stack's relay is back: a restarted relay starts from the oldest bucket in
+        # use, so it would find the marker (the only cure there was)
+        got = [e.event_id for e in events_for(stack, {intent}, want=1, timeout=15)]
+    assert got == [event_id]
+
+
+def test_an_unpublishable_row_is_dead_lettered_and_stops_pinning_the_low_water_mark(
+    stack: Stack, cql: Session
+) -> None:
+    """Review D11: a row Kafka refuses forever kept its marker, so the low-water mark stayed at
+    its bucket and every pass scanned every bucket since (x16 shards). After a few attempts it
+    goes to likes.dead-letter with its source, a reference to the row and the error; the row
+    stays in the edge-store; the low-water mark moves on."""
+    before = relay_core.DEAD_LETTERED._value.get()
+    created = datetime.now(UTC) - timedelta(minutes=10)
+    huge = b"\0" * 2_000_000  # larger than any message Kafka takes: refused for what it is
+    user = f"u-{uuid.uuid4()}"
+    intent, event_id, (bucket, shard) = unpublished_row(stack, cql, created, user=user,
+                                                        payload=huge)  # fmt: skip
+    with own_relays(stack) as (session, publisher):
+        relay = OutboxRelay(session, publisher, dead_letter_attempts=3)
+        passes = [relay.run_once() for _ in range(4)]
+    assert [p.dead_lettered for p in passes][:3] == [0, 0, 1], passes  # the third attempt
+    assert markers_of(cql, bucket, shard, uuid.UUID(event_id)) == 0
+    assert relay.low_water[shard] > bucket  # no longer pinned
+    assert [r.ref for r in outbox_rows(cql, user)] == [event_id]  # the record stays
+    (hs,) = dead_letters(stack, event_id)
+    assert hs["dlq.source"] == b"outbox" and hs["dlq.consumer"] == b"outbox-relay"
+    assert hs["dlq.source.topic"] == events.COMMITTED.encode()
+    assert hs["dlq.outbox.user_id"] == user.encode()
+    assert (hs["dlq.outbox.bucket"], hs["dlq.outbox.shard"]) == (b"%d" % bucket, b"%d" % shard)
+    assert hs["dlq.intent_uuid"] == intent.encode() and hs["dlq.attempts"] == b"3"
+    assert b"MSG_SIZE_TOO_LARGE" in hs["dlq.error"]
+    assert hs["dlq.reference"] == b"1"  # too large for the dead-letter topic too: a reference
+    assert relay_core.DEAD_LETTERED._value.get() == before + 1
+
+
+def test_relay_replicas_share_the_shards_and_take_over_a_dead_ones(
+    stack: Stack, cql: Session
+) -> None:
+    """Several relays all scanned and republished the same rows (review D4/D11). With leases
+    each shard has one owner: every stale row is republished once per pass across replicas, and
+    a dead replica's shards (and the rows in them) are taken over once its leases lapse."""
+    from services.relay.leases import ShardLeases
+
+    with own_relays(stack) as (session, publisher):
+        relays = [
+            OutboxRelay(
+                session, publisher,
+                leases=ShardLeases(session, f"t{i}-{uuid.uuid4().hex[:6]}", OUTBOX_SHARDS),
+            )
+            for i in range(3)
+        ]  # fmt: skip
+
+        def owners() -> list[frozenset[int]]:
+            return [r.leases.refresh(force=True) for r in relays if r.leases is not None]
+
+        def settled(live: list[OutboxRelay]) -> bool:
+            owned = [r.leases.refresh(force=True) for r in live if r.leases is not None]
+            flat = [s for o in owned for s in o]
+            return sorted(flat) == list(range(OUTBOX_SHARDS)) and all(
+                len(o) >= OUTBOX_SHARDS // len(live) for o in owned
+            )
+
+        wait_for(lambda: settled(relays), timeout=60, what="three replicas sharing the shards")
+        print("shares:", [sorted(o) for o in owners()])
+
+        # stale rows in every shard: one pass of each replica publishes each exactly once
+        created = datetime.now(UTC) - timedelta(seconds=10)
+        rows = {}
+        while {outbox_shard(u) for u in rows} != set(range(OUTBOX_SHARDS)) or len(rows) < 32:
+            u = f"u-{uuid.uuid4()}"
+            rows[u] = unpublished_row(stack, cql, created, user=u)
+        ours = {event_id for _, event_id, _ in rows.values()}
+        shares = owners()  # just renewed: every pass below drains exactly these
+        passes = [r.run_once() for r in relays]
+        counted = Counter(e for p in passes for e in p.published_ids if e in ours)
+        assert counted == Counter(dict.fromkeys(ours, 1)), counted
+        for p, owned in zip(passes, shares, strict=True):
+            assert p.shards == owned
+            mine = {ev for u, (_, ev, _) in rows.items() if outbox_shard(u) in owned}
+            assert {e for e in p.published_ids if e in ours} == mine
+
+        # the third replica dies (no clean stop: its leases lapse); rows in its shards wait
+        dead, live = relays[2], relays[:2]
+        orphan = sorted(shares[2])
+        late = {}
+        for s in orphan:
+            u = next(
+                u for u in (f"u-{uuid.uuid4()}" for _ in range(10_000)) if outbox_shard(u) == s
+            )
+            late[u] = unpublished_row(stack, cql, datetime.now(UTC) - timedelta(seconds=10), user=u)
+        t0 = time.monotonic()
+        published: list[str] = []
+
+        def taken_over() -> bool:
+            for r in live:
+                published.extend(r.run_once().published_ids)
+            return settled(live)
+
+        wait_for(taken_over, timeout=60, what="the survivors taking the dead replica's shards")
+        took = time.monotonic() - t0
+        print(f"takeover after {took:.1f} s (lease TTL {convergence.RELAY_LEASE_TTL_S} s)")
+        for r in live:
+            published.extend(r.run_once().published_ids)
+        assert dead.leases is not None and not any(s in dead.leases.owned() for s in orphan)
+        late_ids = {ev for _, ev, _ in late.values()}
+        assert Counter(e for e in published if e in late_ids) == Counter(dict.fromkeys(late_ids, 1))
+        for r in live:
+            if r.leases is not None:
+                r.leases.release()
+    intents = {i for i, _, _ in [*rows.values(), *late.values()]}
+    assert len({e.intent_uuid for e in events_for(stack, intents, want=len(intents))}) == len(
+        intents
+    )
+
+
+def test_a_clock_too_far_from_the_edge_stores_is_not_ready(cql: Session) -> None:
+    """The skew the relay tolerates is enforced where it starts: the write service and the relay
+    report not ready with a clock off by more than half MAX_CLOCK_SKEW_S (the edge-store's)."""
+    from services.common.clock import EdgeStoreClock
+
+    here = EdgeStoreClock(cql)
+    assert here.ok() and here.offset_s is not None and abs(here.offset_s) < 5
+    late = EdgeStoreClock(cql, clock=lambda: time.time() - convergence.MAX_CLOCK_SKEW_S)
+    assert not late.ok()
+    assert late.offset_s is not None and late.offset_s < -convergence.MAX_CLOCK_SKEW_S / 2

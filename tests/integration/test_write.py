@@ -137,12 +137,10 @@ def test_retry_storm_with_one_key_is_applied_once(
     for t in threads:
         t.join()
     assert all(s == 202 for s, _ in results), results
-    assert {b["state"] for _, b in results} == {"liked"}
-    # the first answer is "changed"; a concurrent twin finds the intent row ("not changed") or,
-    # once the idem key is set, replays the first answer verbatim ("changed" again) — either way
-    # the like was applied once: one edge transition, one publication (below)
-    assert any(b["changed"] for _, b in results)
-    assert all(b["intent_uuid"] == key for _, b in results)
+    # every twin gets the first answer, "changed": from the idem key once it is set, or from
+    # the key's intent row before that (review D8: the intent row answered "not changed"); the
+    # like was applied once all the same: one edge transition, one publication (below)
+    assert [b for _, b in results] == [{"intent_uuid": key, "state": "liked", "changed": True}] * 12
     assert edge_state(cql, user, post) == "liked"
     evs = once(events_for(stack, {key}, want=1, timeout=15))
     assert len(evs) == 1
@@ -177,7 +175,10 @@ def test_interleaved_like_unlike_retries_final_state_wins(
         idem.delete(keys.idem_key(user, post, k))
     for action, key in [("unlike", b), ("like", a), ("unlike", b), ("like", a)]:
         s, body, _ = post_like(app_client, stack, user, post, action, key)
-        assert s == 202 and body["changed"] is False, body
+        # the first answer (each one changed the edge), and nothing changes now (below)
+        want = {"intent_uuid": key, "state": "unliked" if action == "unlike" else "liked",
+                "changed": True}  # fmt: skip
+        assert s == 202 and body == want, body
     assert edge_state(cql, user, post) == "liked"
     evs = once(events_for(stack, {a, b, c}, want=3))
     assert sorted((e.intent_uuid, e.delta) for e in evs) == sorted([(a, 1), (b, -1), (c, 1)])
@@ -286,9 +287,9 @@ def test_a_key_reused_for_another_post_is_refused_never_a_202_that_writes_nothin
     # the same key for the other action on A is another request too
     s, body, _ = post_like(app_client, stack, user, a, "unlike", key=key)
     assert s == 409, body
-    # and the true replay of A still answers A's outcome, changing nothing
+    # and the true replay of A still answers A's first answer, changing nothing
     s, body, _ = post_like(app_client, stack, user, a, key=key)
-    assert s == 202 and body["state"] == "liked" and body["changed"] is False, body
+    assert s == 202 and body["state"] == "liked" and body["changed"] is True, body
     assert edge_state(cql, user, a) == "liked" and edge_state(cql, user, b) is None
 
 
@@ -304,5 +305,30 @@ def test_an_unreadable_idem_value_is_not_a_500(
     assert s == 202 and body["state"] == "liked", body
     idem.set(keys.idem_key(user, post, key), '{"fp": "x"}', ex=60)  # no state: an old format
     s, body, _ = post_like(app_client, stack, user, post, key=key)
-    assert s == 202 and body["changed"] is False, body
+    assert s == 202 and body == {"intent_uuid": key, "state": "liked", "changed": True}, body
     assert edge_state(cql, user, post) == "liked"
+    assert len(once(events_for(stack, {key}, want=1, timeout=10))) == 1
+
+
+def test_a_replay_from_the_intent_row_returns_the_first_answer(
+    app_client: TestClient, stack: Stack, cql: Session
+) -> None:
+    """Review D8: with the idem key gone (expired, or its SET failed after the commit), a replay
+    is answered from the key's intent row; it said `changed: false` where the first answer said
+    `changed: true`. DESIGN: a replay of the same key returns the first answer."""
+    user, post, noop_post = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+    k1, k2, k3 = (str(uuid.uuid4()) for _ in range(3))
+    idem = clients.idem_store(stack.settings())
+    first = post_like(app_client, stack, user, post, key=k1)[1]
+    assert first == {"intent_uuid": k1, "state": "liked", "changed": True}
+    noop = post_like(app_client, stack, user, post, key=k2)[1]  # already liked: a no-op
+    assert noop == {"intent_uuid": k2, "state": "liked", "changed": False}
+    unlike_noop = post_like(app_client, stack, user, noop_post, "unlike", key=k3)[1]
+    assert unlike_noop == {"intent_uuid": k3, "state": "unliked", "changed": False}
+    for p, k in ((post, k1), (post, k2), (noop_post, k3)):
+        idem.delete(keys.idem_key(user, p, k))
+    # the intent rows answer now, each with its own first answer
+    assert post_like(app_client, stack, user, post, key=k1)[1] == first
+    assert post_like(app_client, stack, user, post, key=k2)[1] == noop
+    assert post_like(app_client, stack, user, noop_post, "unlike", key=k3)[1] == unlike_noop
+    assert len(once(events_for(stack, {k1, k2, k3}, want=1, timeout=10))) == 1
