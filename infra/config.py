@@ -97,6 +97,9 @@ class Peer(_Model):
     region: Annotated[str, Field(pattern=r"^[a-z]{2}-[a-z]+-\d$")]
     kafka_bootstrap: Annotated[str, Field(pattern=r"^[A-Za-z0-9.\-]+:\d+$")]
     scylla_seeds: list[str] = []
+    # the peer's VPC (peered with this one): the only source its MirrorMaker 2 and Scylla nodes
+    # may connect from (infra/netpol.py); the peer stack's likes:network.vpcCidr
+    vpc_cidr: IPv4Network
 
 
 class KafkaConfig(_Model):

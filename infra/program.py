@@ -16,6 +16,7 @@ from infra import (
     etcd,
     gateway,
     kafka,
+    netpol,
     network,
     observability,
     operator,
@@ -190,10 +191,6 @@ def main() -> None:
         "services",
         services.ServicesArgs(
             namespace=platform.NS_APPS,
-            edge_namespace=platform.NS_EDGE,
-            data_namespace=platform.NS_DATA,
-            observability_namespace=platform.NS_OBSERVABILITY,
-            operators_namespace=platform.NS_OPERATORS,
             image=image,
             services=services.service_specs(
                 {
@@ -221,6 +218,23 @@ def main() -> None:
             env=env[workloads.HOTKEY_OPERATOR.name],
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[apps]),
+    )
+    netpol.NetworkPolicies(
+        "network-policies",
+        netpol.NetpolArgs(
+            apps_namespace=platform.NS_APPS,
+            edge_namespace=platform.NS_EDGE,
+            data_namespace=platform.NS_DATA,
+            observability_namespace=platform.NS_OBSERVABILITY,
+            operators_namespace=platform.NS_OPERATORS,
+            env=env,
+            registry_kafka_bootstrap=spine.bootstrap_servers,
+            kafka_cluster=kafka.KafkaArgs.cluster_name,
+            scylla_cluster=scylla.ScyllaArgs.cluster_name,
+            peers=[(p.region, str(p.vpc_cidr)) for p in cfg.peers],
+            scylla_multi_dc=bool(s.peer_datacenters),
+        ),
+        pulumi.ResourceOptions(providers=[eks.provider], depends_on=list(ns.values())),
     )
     g = cfg.gateway
     edge = gateway.Gateway(

@@ -13,7 +13,7 @@ from tests.infra.conftest import STACKS, by_kind, named
 
 COMPONENTS = {
     "Network", "Cluster", "Platform", "Redis", "Kafka", "Scylla", "Etcd", "SchemaRegistry",
-    "Observability", "Services", "Operator", "Gateway", "Cdn",
+    "Observability", "Services", "Operator", "Gateway", "Cdn", "NetworkPolicies",
 }  # fmt: skip
 
 
