@@ -265,6 +265,8 @@ def main() -> None:
             hostname=cfg.cdn.hostname,
             origin_hostname=edge.hostname,
             fallback_ttl_seconds=cfg.cdn.fallback_ttl_seconds,
+            owns_zone=cfg.cdn.owns_zone,
+            zone_hostnames=cfg.cdn.zone_hostnames,
         ),
     )
     pulumi.export("cluster_name", eks.cluster_name)
