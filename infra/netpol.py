@@ -256,7 +256,9 @@ class Table:
             if a.scylla_multi_dc:
                 yield Flow(Cidr(cidr), self.scylla, SCYLLA_INTERNODE, "the peer data centre")
         nodes = self.scylla
-        yield Flow(nodes, nodes, SCYLLA_INTERNODE, "gossip and replication")
+        # the operator's node Jobs (cleanup after a topology change) carry the cluster's label
+        # and call the member's agent
+        yield Flow(nodes, nodes, (*SCYLLA_INTERNODE, SCYLLA_AGENT), "gossip, replication, Jobs")
         yield Flow(self.app(data, "schema-migration"), nodes, (scylla.CQL_PORT,), "migration Job")
         yield Flow(Pods.of(ops, {}, "operators"), nodes, (SCYLLA_AGENT,), "the Scylla Operator")
         yield Flow(prometheus, nodes, (SCYLLA_METRICS,), "scrape")

@@ -12,6 +12,7 @@ model of each stack's pods: the plan's own pod templates, plus the pods the oper
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -290,6 +291,10 @@ def test_the_platform_paths_still_work(
     assert ok(m.one(OPS, **{NAME: "scylla-operator"}), scylla, 10001) and ok(
         prometheus, scylla, 9180
     )
+    # the operator's cleanup Job pods carry the cluster's label and call the member's agent
+    job = {"scylla/cluster": "likes", "scylla-operator.scylladb.com/node-job-type": "Cleanup"}
+    assert ok(Pod(DATA, job, "10.99.200.1", "cleanup job"), scylla, 10001)
+    assert not ok(m.workload("read"), scylla, 10001)
     assert bool(peers) == bool(configs[stack].scylla.peer_datacenters)
     for peer in peers:
         assert ok(peer, scylla, 7000), "the peer data centre's nodes"
@@ -303,6 +308,15 @@ def test_each_peer_cidr_is_the_peer_stacks_vpc(configs: dict[str, config.StackCo
     for c in configs.values():
         for p in c.peers:
             assert p.vpc_cidr == vpcs[(c.environment, p.region)], f"{c.region} -> {p.region}"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_cluster_enforces_network_policies(plans: dict[str, plan.Plan], stack: str) -> None:
+    # the VPC CNI ignores every NetworkPolicy unless its network policy agent is enabled
+    (cni,) = [
+        r for r in plans[stack].of_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "vpc-cni"
+    ]
+    assert json.loads(cni.inputs["configurationValues"])["enableNetworkPolicy"] == "true"
 
 
 def test_strimzi_generates_no_policy_of_its_own(plans: dict[str, plan.Plan]) -> None:
