@@ -15,12 +15,14 @@ from typing import Any
 
 import yaml
 
+from services.contracts import metrics as metric_names
 from services.contracts import workloads
 
 __all__ = [
     "AGGREGATOR",
     "BAD_BIT",
     "BURN_RATE_ALERTS",
+    "CDN_PURGE_FAILING",
     "HOTKEY_OPERATOR",
     "HOTKEY_SAMPLER",
     "OUTBOX_RELAY",
@@ -76,6 +78,7 @@ SEVERITY_NONE = "none"  # the Watchdog only: routed to the heartbeat, never to a
 SEVERITIES = (SEVERITY_PAGE, SEVERITY_TICKET, SEVERITY_NONE)
 # The always-firing dead man's switch; Alertmanager routes it by this name.
 WATCHDOG = "Watchdog"
+CDN_PURGE_FAILING = "CdnPurgeFailing"
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,24 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
                     "version mismatch the registry did not catch."
                 ),
                 **_runbook_annotations("dead-letter-growth", runbook_base),
+            },
+        },
+        {
+            # The aggregator purges a post's CDN entry when its count changes; a purge given up
+            # on (after its retries) leaves the CDN serving the old count until the entry's TTL
+            # (5-30 s). Sustained for 15 minutes it is a broken token or a CDN outage: a ticket,
+            # since every count still converges by TTL.
+            "alert": CDN_PURGE_FAILING,
+            "expr": f"sum(rate({metric_names.CDN_PURGE_FAILURES}[5m])) > 0",
+            "for": "15m",
+            "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: AGGREGATOR},
+            "annotations": {
+                "summary": "CDN purges have been failing for 15 minutes",
+                "description": (
+                    "{{ $value | humanize }} purge calls/s given up on: cached counts stay "
+                    "stale until their TTL. Check the Cloudflare token and API status."
+                ),
+                **_runbook_annotations("cdn-purge-failing", runbook_base),
             },
         },
         {

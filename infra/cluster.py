@@ -23,6 +23,9 @@ _NODE_POLICIES = (
     "AmazonEBSCSIDriverPolicy",
 )
 _ADDONS = ("vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver", "eks-pod-identity-agent")
+# Add-on settings: the VPC CNI enforces NetworkPolicies only when told to (its network policy
+# agent); without it every policy of infra/netpol.py is accepted and ignored.
+_ADDON_CONFIG: dict[str, dict[str, str]] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,9 @@ class Cluster(pulumi.ComponentResource):
                 f"{name}-addon-{addon}",
                 cluster_name=cluster.name,
                 addon_name=addon,
+                configuration_values=json.dumps(_ADDON_CONFIG[addon])
+                if addon in _ADDON_CONFIG
+                else None,
                 resolve_conflicts_on_update="OVERWRITE",
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_groups),
             )

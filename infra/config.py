@@ -97,6 +97,9 @@ class Peer(_Model):
     region: Annotated[str, Field(pattern=r"^[a-z]{2}-[a-z]+-\d$")]
     kafka_bootstrap: Annotated[str, Field(pattern=r"^[A-Za-z0-9.\-]+:\d+$")]
     scylla_seeds: list[str] = []
+    # the peer's VPC (peered with this one): the only source its MirrorMaker 2 and Scylla nodes
+    # may connect from (infra/netpol.py); the peer stack's likes:network.vpcCidr
+    vpc_cidr: IPv4Network
 
 
 class KafkaConfig(_Model):
@@ -177,6 +180,19 @@ class CdnConfig(_Model):
     hostname: str
     # Edge TTL when the origin sends none; the origin sends 5-30 s by heat.
     fallback_ttl_seconds: Annotated[int, Field(ge=1, le=30)] = 30
+    # Exactly one stack per zone owns the zone's rulesets (infra/cdn.py says why) and lists
+    # every API hostname routed through the zone, its own and the other stacks'; the others
+    # declare only their own DNS record.
+    owns_zone: bool
+    zone_hostnames: list[str] = []
+
+    @model_validator(mode="after")
+    def _owner_covers_its_zone(self) -> CdnConfig:
+        if self.owns_zone and self.hostname not in self.zone_hostnames:
+            raise ValueError("the zone's owner lists every hostname of the zone, its own too")
+        if not self.owns_zone and self.zone_hostnames:
+            raise ValueError("zoneHostnames belongs to the zone's owner (ownsZone: true) only")
+        return self
 
 
 class ServiceScale(_Model):

@@ -82,7 +82,11 @@ class Platform(pulumi.ComponentResource):
         ops_ns = self.namespaces[NS_OPERATORS]
         after_ns = pulumi.ResourceOptions(parent=self, depends_on=[ops_ns])
         cert_manager = self._release("cert-manager", {"crds": {"enabled": True}}, after_ns)
-        strimzi = self._release("strimzi", {"watchAnyNamespace": True}, after_ns)
+        # Our NetworkPolicies say who reaches Kafka (infra/netpol.py); Strimzi's would open each
+        # listener to every namespace.
+        strimzi = self._release(
+            "strimzi", {"watchAnyNamespace": True, "generateNetworkPolicy": False}, after_ns
+        )
         scylla = self._release(
             "scylla-operator",
             {"replicas": 2},

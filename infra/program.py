@@ -16,6 +16,7 @@ from infra import (
     etcd,
     gateway,
     kafka,
+    netpol,
     network,
     observability,
     operator,
@@ -189,10 +190,6 @@ def main() -> None:
         "services",
         services.ServicesArgs(
             namespace=platform.NS_APPS,
-            edge_namespace=platform.NS_EDGE,
-            data_namespace=platform.NS_DATA,
-            observability_namespace=platform.NS_OBSERVABILITY,
-            operators_namespace=platform.NS_OPERATORS,
             image=image,
             services=services.service_specs(
                 {
@@ -220,6 +217,23 @@ def main() -> None:
             env=env[workloads.HOTKEY_OPERATOR.name],
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[apps]),
+    )
+    netpol.NetworkPolicies(
+        "network-policies",
+        netpol.NetpolArgs(
+            apps_namespace=platform.NS_APPS,
+            edge_namespace=platform.NS_EDGE,
+            data_namespace=platform.NS_DATA,
+            observability_namespace=platform.NS_OBSERVABILITY,
+            operators_namespace=platform.NS_OPERATORS,
+            env=env,
+            registry_kafka_bootstrap=spine.bootstrap_servers,
+            kafka_cluster=kafka.KafkaArgs.cluster_name,
+            scylla_cluster=scylla.ScyllaArgs.cluster_name,
+            peers=[(p.region, str(p.vpc_cidr)) for p in cfg.peers],
+            scylla_multi_dc=bool(s.peer_datacenters),
+        ),
+        pulumi.ResourceOptions(providers=[eks.provider], depends_on=list(ns.values())),
     )
     g = cfg.gateway
     edge = gateway.Gateway(
@@ -250,6 +264,8 @@ def main() -> None:
             hostname=cfg.cdn.hostname,
             origin_hostname=edge.hostname,
             fallback_ttl_seconds=cfg.cdn.fallback_ttl_seconds,
+            owns_zone=cfg.cdn.owns_zone,
+            zone_hostnames=cfg.cdn.zone_hostnames,
         ),
     )
     pulumi.export("cluster_name", eks.cluster_name)

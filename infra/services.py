@@ -1,5 +1,5 @@
 """Our services (write, read, hot-key sampler, outbox relay, aggregator): Deployments,
-Services, HPAs, PDBs, ServiceAccounts, and the NetworkPolicies that decide who reaches what."""
+Services, HPAs, PDBs and ServiceAccounts (who may reach them: infra/netpol.py)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,6 @@ class ServiceSpec:
 @dataclass(frozen=True)
 class ServicesArgs:
     namespace: str
-    edge_namespace: str
-    data_namespace: str
-    observability_namespace: str
-    operators_namespace: str
     image: str
     services: Sequence[ServiceSpec]
     redis_password: pulumi.Input[str]
@@ -56,10 +52,6 @@ def service_specs(
 ) -> list[ServiceSpec]:
     """One spec per workload of the contract; `scales` and `env` are keyed by workload name."""
     return [ServiceSpec(w, scales[w.name], env[w.name]) for w in workloads.SERVICES]
-
-
-def _ns_selector(ns: str) -> k8s.meta.v1.LabelSelectorArgs:
-    return k8s.meta.v1.LabelSelectorArgs(match_labels={"kubernetes.io/metadata.name": ns})
 
 
 class Services(pulumi.ComponentResource):
@@ -91,7 +83,6 @@ class Services(pulumi.ComponentResource):
             self._service(spec, args)
             if spec.http:
                 self.upstreams[spec.name] = f"{spec.name}.{ns}.svc.cluster.local:{HTTP_PORT}"
-        self._network_policies(args)
         self.register_outputs({"upstreams": self.upstreams})
 
     def _service(self, spec: ServiceSpec, args: ServicesArgs) -> None:
@@ -161,90 +152,6 @@ class Services(pulumi.ComponentResource):
             child,
         )
         kx.pdb(spec.name, ns, match, lbls, child, max_unavailable="10%")
-
-    def _network_policies(self, args: ServicesArgs) -> None:
-        net = k8s.networking.v1
-        child = pulumi.ResourceOptions(parent=self)
-        lbls = kx.labels("likes", "network-policy", "app")
-        ns = args.namespace
-
-        def policy(
-            name: str,
-            namespace: str,
-            pod_match: dict[str, str],
-            sources: list[str],
-            ports: list[int] | None,
-        ) -> None:
-            net.NetworkPolicy(
-                f"netpol-{namespace}-{name}",
-                metadata=kx.meta(name, namespace, lbls),
-                spec=net.NetworkPolicySpecArgs(
-                    pod_selector=kx.meta_v1.LabelSelectorArgs(match_labels=pod_match or None),
-                    policy_types=["Ingress"],
-                    ingress=[
-                        net.NetworkPolicyIngressRuleArgs(
-                            from_=[
-                                net.NetworkPolicyPeerArgs(namespace_selector=_ns_selector(s))
-                                for s in sources
-                            ],
-                            ports=[net.NetworkPolicyPortArgs(port=p, protocol="TCP") for p in ports]
-                            if ports
-                            else None,
-                        )
-                    ]
-                    if sources
-                    else [],
-                ),
-                opts=child,
-            )
-
-        # Deny by default, in the services' namespace and the datastores'.
-        policy("default-deny", ns, {}, [], None)
-        policy("default-deny", args.data_namespace, {}, [], None)
-        for spec in args.services:
-            if spec.http:
-                policy(
-                    f"{spec.name}-from-gateway",
-                    ns,
-                    kx.selector(spec.name),
-                    [args.edge_namespace],
-                    [HTTP_PORT],
-                )
-        policy(
-            "metrics-from-prometheus",
-            ns,
-            {},
-            [args.observability_namespace],
-            [HTTP_PORT, METRICS_PORT],
-        )
-        # Datastores: reachable from the services, each other, the operators and Prometheus.
-        policy(
-            "datastores-from-platform",
-            args.data_namespace,
-            {},
-            [ns, args.data_namespace, args.operators_namespace, args.observability_namespace],
-            None,
-        )
-        # The peer regions' MirrorMaker 2 arrive over the internal NLB from their VPC ranges.
-        net.NetworkPolicy(
-            f"netpol-{args.data_namespace}-kafka-peers",
-            metadata=kx.meta("kafka-peers", args.data_namespace, lbls),
-            spec=net.NetworkPolicySpecArgs(
-                pod_selector=kx.meta_v1.LabelSelectorArgs(
-                    match_labels={"strimzi.io/kind": "Kafka"}
-                ),
-                policy_types=["Ingress"],
-                ingress=[
-                    net.NetworkPolicyIngressRuleArgs(
-                        from_=[
-                            net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="10.0.0.0/8"))
-                        ],
-                        ports=[net.NetworkPolicyPortArgs(port=9094, protocol="TCP")],
-                    )
-                ],
-            ),
-            opts=child,
-        )
 
 
 def _double(cpu: str) -> str:

@@ -11,7 +11,13 @@ from confluent_kafka import Consumer
 
 from services.aggregator.cache import AggregateWriter, HotPoolMirror
 from services.aggregator.dlq import DeadLetter
-from services.aggregator.purge import CloudflarePurger, NullPurger, Purger, RecordingPurger
+from services.aggregator.purge import (
+    BackgroundPurger,
+    CloudflarePurger,
+    NullPurger,
+    Purger,
+    RecordingPurger,
+)
 from services.aggregator.settings import AggregatorSettings
 from services.aggregator.store import CounterStore
 from services.aggregator.worker import Aggregator
@@ -40,8 +46,13 @@ def consumer_config(s: AggregatorSettings, **overrides: Any) -> dict[str, Any]:
 
 def make_purger(s: AggregatorSettings, rc: Any) -> Purger:
     if s.cdn_purger == "cloudflare":
-        return CloudflarePurger(
-            s.cloudflare_zone_id, s.cloudflare_api_token.get_secret_value(), s.cloudflare_api_url
+        # retried calls to a remote API: never on the consumer loop's thread
+        return BackgroundPurger(
+            CloudflarePurger(
+                s.cloudflare_zone_id,
+                s.cloudflare_api_token.get_secret_value(),
+                s.cloudflare_api_url,
+            )
         )
     if s.cdn_purger == "recording":
         return RecordingPurger(rc)

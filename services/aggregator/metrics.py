@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.contracts import metrics as names
+
 EVENTS = Counter("likes_aggregator_events_consumed_total", "Messages consumed", ["topic"])
 APPLIED = Counter(
     "likes_aggregator_events_applied_total", "Events folded into a counter-store cell"
@@ -74,8 +76,15 @@ HOT_POOL_COPY_SECONDS = Histogram(
     "Time a window spends copying its aggregates into the hot pools (always-replicate)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )
-PURGED = Counter("likes_aggregator_cdn_purged_total", "Surrogate keys purged")
-PURGE_FAILURES = Counter("likes_aggregator_cdn_purge_failures_total", "Failed CDN purge calls")
+PURGED = Counter(names.CDN_PURGED, "Surrogate keys purged")
+PURGE_FAILURES = Counter(
+    names.CDN_PURGE_FAILURES,
+    "CDN purge calls given up on after their retries (the keys expire by TTL instead)",
+)
+PURGE_RETRIES = Counter(names.CDN_PURGE_RETRIES, "CDN purge calls retried after a failure")
+PURGE_DROPPED = Counter(
+    names.CDN_PURGE_DROPPED, "Surrogate keys not purged because the pending set was full"
+)
 DLQ = Counter("likes_aggregator_dead_letter_total", "Messages sent to the dead-letter topic")
 DLQ_FAILURES = Counter(
     "likes_aggregator_dead_letter_failures_total",

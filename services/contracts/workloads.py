@@ -24,6 +24,23 @@ BIND_ALL = "0.0.0.0"  # a pod's probes and scrapes arrive on its pod IP
 
 Kind = Literal["http", "worker", "operator"]
 
+# Settings fields that name a server a workload connects to, each with the field that holds the
+# port when the address carries none. A workload lists in `uses` the ones its code reads (a test
+# scans the code for them), and the NetworkPolicies (infra/netpol.py) allow exactly those, at the
+# addresses the program rendered into its env.
+SERVERS: dict[str, str | None] = {
+    "count_cache_nodes": None,
+    "idem_store_nodes": None,
+    "hot_pools": None,
+    "cassandra_hosts": "cassandra_port",
+    "kafka_bootstrap": None,
+    "schema_registry_url": None,
+    "etcd_host": "etcd_port",
+    "jwks_url": None,
+    "otlp_endpoint": None,
+    "cloudflare_api_url": None,
+}
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -32,6 +49,7 @@ class Workload:
     module: str  # http: the module of `create_app`; worker: the `python -m` module
     settings: str  # "module:Class" of its settings; the program renders env from this class
     port: int
+    uses: tuple[str, ...] = ()  # keys of SERVERS: the servers it connects to
 
     def command(self, host: str = BIND_ALL, port: int | None = None) -> list[str]:
         """The container command (the local stack transforms interpreter, host and port)."""
@@ -56,9 +74,26 @@ class Workload:
 
 
 BASE = "services.contracts.settings:Settings"
-WRITE = Workload("write", "http", "services.write.main", BASE, HTTP_PORT)
+# `uses`: what the code reads (tests/unit/test_workload_uses.py checks it against the code)
+TRACES = "otlp_endpoint"
+WRITE = Workload(
+    "write",
+    "http",
+    "services.write.main",
+    BASE,
+    HTTP_PORT,
+    uses=("idem_store_nodes", "count_cache_nodes", "cassandra_hosts", "kafka_bootstrap",
+          "schema_registry_url", "etcd_host", "jwks_url", TRACES),
+)  # fmt: skip
 READ = Workload(
-    "read", "http", "services.read.main", "services.contracts.settings:HotPoolSettings", HTTP_PORT
+    "read",
+    "http",
+    "services.read.main",
+    "services.contracts.settings:HotPoolSettings",
+    HTTP_PORT,
+    # hot_pools: its own settings (always-replicate, a post this pod finds hot) and the
+    # addresses the operator publishes in etcd (the same pools)
+    uses=("count_cache_nodes", "hot_pools", "cassandra_hosts", "etcd_host", "jwks_url", TRACES),
 )
 HOTKEY_SAMPLER = Workload(
     "hotkey-sampler",
@@ -66,9 +101,15 @@ HOTKEY_SAMPLER = Workload(
     "services.hotkey_sampler.main",
     "services.hotkey_sampler.settings:SamplerSettings",
     HTTP_PORT,
+    uses=("etcd_host",),
 )
 OUTBOX_RELAY = Workload(
-    "outbox-relay", "worker", "services.relay", "services.relay.settings:RelaySettings", OPS_PORT
+    "outbox-relay",
+    "worker",
+    "services.relay",
+    "services.relay.settings:RelaySettings",
+    OPS_PORT,
+    uses=("cassandra_hosts", "kafka_bootstrap", TRACES),
 )
 AGGREGATOR = Workload(
     "aggregator",
@@ -76,13 +117,16 @@ AGGREGATOR = Workload(
     "services.aggregator",
     "services.aggregator.settings:AggregatorSettings",
     OPS_PORT,
-)
+    uses=("count_cache_nodes", "hot_pools", "cassandra_hosts", "kafka_bootstrap",
+          "schema_registry_url", "cloudflare_api_url", TRACES),
+)  # fmt: skip
 HOTKEY_OPERATOR = Workload(
     "hotkey-operator",
     "operator",
     "operators.hotkeys.handlers",
     "operators.hotkeys.settings:OperatorSettings",
     OPS_PORT,
+    uses=("count_cache_nodes", "hot_pools", "etcd_host"),
 )
 
 # The abuse scorer joins when services/abuse exists (issue: anti-abuse scorer); until then the

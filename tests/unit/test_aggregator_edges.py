@@ -10,12 +10,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import SecretStr, ValidationError
 
-from services.aggregator import dlq
-from services.aggregator.purge import CloudflarePurger, PurgeFailed, surrogate_key
+from services.aggregator import dlq, purge
+from services.aggregator import main as aggregator_main
+from services.aggregator.purge import BackgroundPurger, CloudflarePurger, PurgeFailed, surrogate_key
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import events
+from services.contracts import metrics as names
 
 
 class CloudflareApi:
@@ -25,11 +28,14 @@ class CloudflareApi:
     def __init__(self, answers: list[tuple[int, dict[str, Any]]] | None = None) -> None:
         self.calls: list[dict[str, Any]] = []
         self.answers = list(answers or [])
+        self.gate: threading.Event | None = None  # when set: each call waits for it to open
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if api.gate is not None:
+                    api.gate.wait(30)
                 api.calls.append({"path": self.path, "auth": self.headers["Authorization"], **body})
                 status, answer = api.answers.pop(0) if api.answers else (200, {"success": True})
                 data = json.dumps(answer).encode()
@@ -78,6 +84,88 @@ def test_a_refused_purge_raises(cf: CloudflareApi) -> None:
 def test_an_unreachable_cdn_raises() -> None:
     with pytest.raises(PurgeFailed):
         CloudflarePurger("zone-1", "tok", "http://127.0.0.1:9/client/v4").purge(["post-a"])
+
+
+def _count(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+UNAVAILABLE = (503, {"success": False, "errors": [{"code": 503}]})
+RATE_LIMITED = (429, {"success": False, "errors": [{"code": 971}]})
+
+
+def test_a_transient_failure_is_retried_then_succeeds(cf: CloudflareApi) -> None:
+    retries, purged = _count(names.CDN_PURGE_RETRIES), _count(names.CDN_PURGED)
+    cf.answers = [UNAVAILABLE, RATE_LIMITED]  # then success
+    CloudflarePurger("zone-1", "tok", cf.url).purge(["post-a", "post-b"])
+    assert [c["tags"] for c in cf.calls] == [["post-a", "post-b"]] * 3
+    assert _count(names.CDN_PURGE_RETRIES) - retries == 2
+    assert _count(names.CDN_PURGED) - purged == 2
+
+
+def test_retries_are_bounded_and_a_refusal_is_not_retried(cf: CloudflareApi) -> None:
+    cf.answers = [UNAVAILABLE] * (purge.ATTEMPTS + 5)
+    with pytest.raises(PurgeFailed, match="503"):
+        CloudflarePurger("zone-1", "tok", cf.url).purge(["post-a"])
+    assert len(cf.calls) == purge.ATTEMPTS
+    cf.calls.clear()
+    cf.answers = [(403, {"success": False})]
+    with pytest.raises(PurgeFailed, match="403"):
+        CloudflarePurger("zone-1", "tok", cf.url).purge(["post-a"])
+    assert len(cf.calls) == 1, "a bad token does not get better by retrying"
+
+
+def test_the_background_purger_never_makes_the_caller_wait(cf: CloudflareApi) -> None:
+    cf.gate = threading.Event()  # the CDN answers nothing until the gate opens
+    purged = _count(names.CDN_PURGED)
+    bg = BackgroundPurger(CloudflarePurger("zone-1", "tok", cf.url))
+    try:
+        bg.purge(["post-a"])
+        bg.purge(["post-b", "post-a"])
+        # both calls returned while the CDN still holds the first request
+        assert cf.calls == [] and not bg.wait_idle(0)
+        cf.gate.set()
+        assert bg.wait_idle(30)
+        assert sorted(t for c in cf.calls for t in c["tags"]) == ["post-a", "post-b"]
+        assert _count(names.CDN_PURGED) - purged == 2
+    finally:
+        cf.gate.set()
+        bg.close()
+
+
+def test_a_purge_given_up_on_is_counted_not_raised(cf: CloudflareApi) -> None:
+    failures = _count(names.CDN_PURGE_FAILURES)
+    cf.answers = [UNAVAILABLE] * purge.ATTEMPTS  # then success, for the next purge
+    bg = BackgroundPurger(CloudflarePurger("zone-1", "tok", cf.url))
+    try:
+        bg.purge(["post-a"])
+        assert bg.wait_idle(30)
+        assert _count(names.CDN_PURGE_FAILURES) - failures == 1
+        assert len(cf.calls) == purge.ATTEMPTS
+        bg.purge(["post-b"])  # the purger keeps working after a failure
+        assert bg.wait_idle(30)
+        assert cf.calls[-1]["tags"] == ["post-b"]
+    finally:
+        bg.close()
+
+
+def test_keys_past_the_pending_bound_are_dropped_and_counted(cf: CloudflareApi) -> None:
+    dropped = _count(names.CDN_PURGE_DROPPED)
+    bg = BackgroundPurger(CloudflarePurger("zone-1", "tok", cf.url), max_pending=3)
+    try:
+        bg.purge(["k1", "k2", "k3", "k4", "k5"])  # nothing pending yet: room for 3
+        assert _count(names.CDN_PURGE_DROPPED) - dropped == 2
+        assert bg.wait_idle(30)
+        assert sorted(t for c in cf.calls for t in c["tags"]) == ["k1", "k2", "k3"]
+    finally:
+        bg.close()
+
+
+def test_production_purges_through_the_background_purger() -> None:
+    s = AggregatorSettings(**CLOUDFLARE)
+    p = aggregator_main.make_purger(s, rc=None)
+    assert isinstance(p, BackgroundPurger) and isinstance(p.inner, CloudflarePurger)
+    p.close()
 
 
 def test_surrogate_key_per_post() -> None:
