@@ -34,10 +34,13 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client import REGISTRY
 
 from local import layout
-from local.components import cassandra, redis
+from local.components import cassandra, kafka, redis
+from local.components import schema_registry as registry_component
 from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import clients, events, hotkeys, keys, topics
+from services.contracts import kafka as kafka_contract
+from services.schema import registry_schemas
 
 
 def zipf_cdf(n: int, s: float) -> list[float]:
@@ -62,6 +65,10 @@ def settings_for(lay: layout.Layout, prefix: str, always_replicate: bool) -> Agg
         redis_password=redis.password(lay),
         cassandra_user=cassandra.service_login(lay)[0],
         cassandra_password=cassandra.service_login(lay)[1],
+        kafka_user=kafka.login(lay, kafka_contract.SERVICE_USER).user,
+        kafka_password=kafka.login(lay, kafka_contract.SERVICE_USER).password,
+        schema_registry_user=registry_component.credentials(lay).user,
+        schema_registry_password=registry_component.credentials(lay).password,
     )  # fmt: skip
 
 
@@ -99,7 +106,7 @@ def raw_consume(s: AggregatorSettings, n: int) -> float:
     topic = s.topic(events.COMMITTED)
     des = clients.like_deserializer(clients.schema_registry(s))
     c = Consumer(
-        {"bootstrap.servers": s.kafka_bootstrap, "group.id": f"{s.agg_topic_prefix}raw",
+        {**clients.kafka_config(s), "group.id": f"{s.agg_topic_prefix}raw",
          "enable.auto.commit": False, "auto.offset.reset": "earliest"}
     )  # fmt: skip
     parts = c.list_topics(topic, timeout=10).topics[topic].partitions
@@ -153,7 +160,7 @@ def hot_pool_cost(s: AggregatorSettings, truth: Counter[str]) -> dict[str, float
 def run_aggregator(s: AggregatorSettings, n: int) -> tuple[float, dict[str, float]]:
     topic = s.topic(events.COMMITTED)
     agg, cluster = build(s)
-    watch = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": s.agg_group_id})
+    watch = Consumer({**clients.kafka_config(s), "group.id": s.agg_group_id})
     parts = watch.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {p: watch.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
     names = [
@@ -210,7 +217,12 @@ def main() -> None:
         topics.TopicSpec(prefix + t, args.partitions, {})
         for t in (*events.EVENT_TOPICS, events.DEAD_LETTER)
     ]
-    topics.ensure(s.kafka_bootstrap, lay.kafka_brokers, specs)
+    topics.ensure(clients.kafka_config(s), lay.kafka_brokers, specs)
+    # the deploy step for the run's own topics: producers never register schemas
+    registry = clients.schema_registry(s)
+    by_schema = {"like_event": tuple(prefix + t for t in events.EVENT_TOPICS)}
+    registry_schemas.apply(registry, registry_schemas.subjects(topics_by_schema=by_schema))
+    registry.close()
     try:
         t0 = time.perf_counter()
         truth = produce(s, args.events, args.posts, args.zipf, args.seed)
@@ -221,7 +233,7 @@ def main() -> None:
         exact = cells_match(s, truth)
         hot = hot_pool_cost(s, truth) if s.agg_always_replicate else None
     finally:
-        AdminClient({"bootstrap.servers": s.kafka_bootstrap}).delete_topics([x.name for x in specs])
+        AdminClient(clients.kafka_config(s)).delete_topics([x.name for x in specs])
     raw_rate = args.events / raw_s
     agg_rate = args.events / agg_s
     writes = d["likes_aggregator_store_writes_total"]

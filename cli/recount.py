@@ -254,7 +254,7 @@ def _run(
         except (RedisError, RedisClusterException) as e:
             raise CliError(f"count-cache {s.count_cache_nodes}: {e}") from e
         stack.callback(rc.close)
-        consumers = probes.Consumers(s.kafka_bootstrap, group, events.EVENT_TOPICS)
+        consumers = probes.Consumers(clients.kafka_config(s), group, events.EVENT_TOPICS)
         store = CounterStore(session)
         rec = reconcile.Reconciler(
             probes.Readings(session, rc), probes.Outbox(session), consumers, store, rc,
@@ -264,7 +264,7 @@ def _run(
             if post_id is not None:
                 posts, source = [post_id], "argument"
             else:
-                posts = probes.recent_posts(s.kafka_bootstrap, events.COMMITTED, sample or 0)
+                posts = probes.recent_posts(clients.kafka_config(s), events.COMMITTED, sample or 0)
                 source = f"the {len(posts)} posts with the latest events on {events.COMMITTED}"
             first, at = rec.first_reading(posts)
             if post_id is not None and first[post_id].missing:

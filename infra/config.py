@@ -36,6 +36,9 @@ SECRET_FIELDS = frozenset(
         "etcdPassword",
         "scyllaAdminPassword",
         "scyllaPassword",
+        "kafkaPassword",
+        "kafkaRegistryPassword",
+        "schemaRegistryPassword",
     }
 )
 # Any other key whose name looks like one of these is a secret put in the wrong place.
@@ -262,6 +265,9 @@ class StackConfig(_Model):
     # the same value in every region of an environment: one multi-DC cluster, one set of roles
     scylla_admin_password: SecretStr  # the schema Job's admin role
     scylla_password: SecretStr  # the services' role
+    kafka_password: SecretStr  # the services' Kafka user (SCRAM)
+    kafka_registry_password: SecretStr  # the schema registry's own Kafka user
+    schema_registry_password: SecretStr  # the services' registry login (basic auth)
     # a Cloudflare API token allowed to purge the zone's cache by tag (the aggregator's purger)
     cdn_purge_token: SecretStr
     pagerduty_routing_key: SecretStr | None = None

@@ -1,5 +1,11 @@
 """Kafka through Strimzi (`kafka.strimzi.io/v1`): a KRaft cluster of node pools over the three
-zones, the event topics, and MirrorMaker 2 pulling the peer regions' events into this one."""
+zones, the event topics, and MirrorMaker 2 pulling the peer regions' events into this one.
+
+Every client logs in: the client listener requires SASL/SCRAM-SHA-512, and Strimzi's simple
+authorization admits each KafkaUser to what services/contracts/kafka.py grants it. The services'
+and the registry's passwords come from the stack's secrets (a Secret the KafkaUser reads);
+MirrorMaker 2's come from the Secret the User Operator generates for its KafkaUser.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
 from infra.config import Peer
+from services.contracts import kafka as kafka_contract
 
 API = "kafka.strimzi.io/v1"
 CLUSTER_LABEL = "strimzi.io/cluster"
@@ -48,6 +55,8 @@ class KafkaArgs:
     replication_factor: int
     min_insync_replicas: int
     mirror_maker_replicas: int
+    service_password: pulumi.Input[str]  # kafka_contract.SERVICE_USER's
+    registry_password: pulumi.Input[str]  # kafka_contract.REGISTRY_USER's
     peers: Sequence[Peer] = ()
     cluster_name: str = "likes"
     storage_class: str = "gp3"
@@ -76,6 +85,37 @@ def topic_specs(args: KafkaArgs) -> list[TopicSpec]:
         {**durable, "retention.ms": args.dead_letter_retention_days * DAY_MS},
     )
     return [*events, dead_letter]
+
+
+def mirror_user(peer_region: str) -> str:
+    """The user this region's MirrorMaker 2 writes the peer's events here as."""
+    return f"mirror-{peer_region}"
+
+
+def mirror_acls(peer_region: str) -> tuple[kafka_contract.Acl, ...]:
+    """MirrorMaker 2 (target side, here): the peer's mirrored topics, its own Connect topics
+    and group, the heartbeats and checkpoints it writes beside them."""
+    every = ("All",)
+    return (
+        kafka_contract.Acl("topic", f"{peer_region}.", "prefix", every),
+        kafka_contract.Acl("topic", f"mirror-{peer_region}-", "prefix", every),
+        kafka_contract.Acl("topic", "heartbeats", "literal", every),
+        kafka_contract.Acl("topic", "mm2-", "prefix", every),
+        kafka_contract.Acl("group", f"mirror-{peer_region}", "literal", every),
+        kafka_contract.Acl("cluster", "", "literal", ("Describe", "DescribeConfigs")),
+    )
+
+
+def peer_source_acls() -> tuple[kafka_contract.Acl, ...]:
+    """A peer region's MirrorMaker 2 pulling from here: read our event topics, keep its offset
+    syncs beside them (MirrorMaker 2 writes them to the source cluster)."""
+    return (
+        kafka_contract.Acl(
+            "topic", kafka_contract.TOPIC_PREFIX, "prefix", ("Read", "Describe", "DescribeConfigs")
+        ),
+        kafka_contract.Acl("topic", "mm2-offset-syncs.", "prefix", ("All",)),
+        kafka_contract.Acl("cluster", "", "literal", ("Describe",)),
+    )
 
 
 def _zone_affinity(zone: str) -> dict[str, Any]:
@@ -193,7 +233,14 @@ class Kafka(pulumi.ComponentResource):
                 )
             )
         listeners: list[dict[str, Any]] = [
-            {"name": "plain", "port": 9092, "type": "internal", "tls": False},
+            # the clients' listener: every client logs in (TLS comes with issue 9 item 2)
+            {
+                "name": "plain",
+                "port": 9092,
+                "type": "internal",
+                "tls": False,
+                "authentication": {"type": kafka_contract.STRIMZI_AUTH},
+            },
             {
                 "name": "tls",
                 "port": 9093,
@@ -222,6 +269,9 @@ class Kafka(pulumi.ComponentResource):
                 "kafka": {
                     "version": args.version,
                     "listeners": listeners,
+                    # each KafkaUser may do what its ACLs say and nothing else; Strimzi's own
+                    # operators and the brokers use their TLS identities (super users)
+                    "authorization": {"type": "simple"},
                     "rack": {"topologyKey": kx.ZONE_KEY},
                     "config": {
                         "default.replication.factor": args.replication_factor,
@@ -257,11 +307,81 @@ class Kafka(pulumi.ComponentResource):
                 },
                 opts=after_kafka,
             )
+        self._users(name, args, after_kafka)
         for peer in args.peers:
             self._mirror(name, args, peer, after_kafka)
         self.bootstrap_servers = f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:9092"
         self.topics = [t.name for t in topic_specs(args)]
         self.register_outputs({"bootstrap_servers": self.bootstrap_servers, "topics": self.topics})
+
+    def _users(self, name: str, args: KafkaArgs, opts: pulumi.ResourceOptions) -> None:
+        """The services' and the registry's users, each with the password of its Secret."""
+        ns, cluster = args.namespace, args.cluster_name
+        key = kafka_contract.PASSWORD_KEY
+        registry_secret_data = {
+            key: args.registry_password,
+            # Confluent's registry takes its Kafka login as one JAAS line
+            kafka_contract.JAAS_KEY: pulumi.Output.from_input(args.registry_password).apply(
+                lambda pw: kafka_contract.jaas_config(
+                    kafka_contract.Credentials(kafka_contract.REGISTRY_USER, pw)
+                )
+            ),
+        }
+        for user, secret, data, acls in (
+            (
+                kafka_contract.SERVICE_USER,
+                kafka_contract.AUTH_SECRET,
+                {key: args.service_password},
+                kafka_contract.service_acls(tuple(p.region for p in args.peers)),
+            ),
+            (
+                kafka_contract.REGISTRY_USER,
+                kafka_contract.REGISTRY_SECRET,
+                registry_secret_data,
+                kafka_contract.REGISTRY_ACLS,
+            ),
+        ):
+            sec = k8s.core.v1.Secret(
+                f"{name}-{secret}",
+                metadata=kx.meta(secret, ns, kx.labels(name, secret, "datastore")),
+                type="Opaque",
+                string_data=data,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self._user(
+                f"{name}-user-{user}",
+                user,
+                ns,
+                cluster,
+                {
+                    "type": kafka_contract.STRIMZI_AUTH,
+                    "password": {"valueFrom": {"secretKeyRef": {"name": secret, "key": key}}},
+                },
+                acls,
+                pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[sec])),
+            )
+
+    def _user(
+        self,
+        resource: str,
+        user: str,
+        ns: str,
+        cluster: str,
+        authentication: dict[str, Any],
+        acls: Sequence[kafka_contract.Acl],
+        opts: pulumi.ResourceOptions,
+    ) -> None:
+        k8s.apiextensions.CustomResource(
+            resource,
+            api_version=API,
+            kind="KafkaUser",
+            metadata=kx.meta(user, ns, {CLUSTER_LABEL: cluster}),
+            spec={
+                "authentication": authentication,
+                "authorization": {"type": "simple", "acls": [a.strimzi() for a in acls]},
+            },
+            opts=opts,
+        )
 
     def _pool(
         self,
@@ -301,6 +421,16 @@ class Kafka(pulumi.ComponentResource):
                 "target": {
                     "alias": args.region,
                     "bootstrapServers": f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:9092",
+                    # the target's client listener requires a login too: the User Operator's
+                    # Secret for mirror_user (same namespace)
+                    "authentication": {
+                        "type": kafka_contract.STRIMZI_AUTH,
+                        "username": mirror_user(peer.region),
+                        "passwordSecret": {
+                            "secretName": mirror_user(peer.region),
+                            "password": kafka_contract.PASSWORD_KEY,
+                        },
+                    },
                     "groupId": f"mirror-{peer.region}",
                     "configStorageTopic": f"mirror-{peer.region}-config",
                     "offsetStorageTopic": f"mirror-{peer.region}-offsets",
@@ -348,12 +478,24 @@ class Kafka(pulumi.ComponentResource):
             },
             opts=opts,
         )
+        scram = {"type": kafka_contract.STRIMZI_AUTH}  # the User Operator makes the password
+        # The user this region's MirrorMaker 2 writes the peer's events here as.
+        self._user(
+            f"{name}-user-{mirror_user(peer.region)}",
+            mirror_user(peer.region),
+            ns,
+            cluster,
+            scram,
+            mirror_acls(peer.region),
+            opts,
+        )
         # The user the peer region's MirrorMaker 2 authenticates as when it pulls from here.
-        k8s.apiextensions.CustomResource(
+        self._user(
             f"{name}-user-mm2-{peer.region}",
-            api_version=API,
-            kind="KafkaUser",
-            metadata=kx.meta(f"mm2-{peer.region}", ns, {CLUSTER_LABEL: cluster}),
-            spec={"authentication": {"type": "scram-sha-512"}},
-            opts=opts,
+            f"mm2-{peer.region}",
+            ns,
+            cluster,
+            scram,
+            peer_source_acls(),
+            opts,
         )

@@ -28,6 +28,8 @@ from infra import (
 )
 from infra import k8s as kx
 from services.contracts import etcd as etcd_contract
+from services.contracts import kafka as kafka_contract
+from services.contracts import registry as registry_contract
 from services.contracts import workloads
 from services.schema import cql_roles
 
@@ -59,6 +61,8 @@ def main() -> None:
     secret_password = pulumi.Output.secret(cfg.redis_password.get_secret_value())
     etcd_password = pulumi.Output.secret(cfg.etcd_password.get_secret_value())
     scylla_password = pulumi.Output.secret(cfg.scylla_password.get_secret_value())
+    kafka_password = pulumi.Output.secret(cfg.kafka_password.get_secret_value())
+    registry_password = pulumi.Output.secret(cfg.schema_registry_password.get_secret_value())
 
     store = redis.Redis(
         "redis",
@@ -96,6 +100,8 @@ def main() -> None:
             replication_factor=k.replication_factor,
             min_insync_replicas=k.min_insync_replicas,
             mirror_maker_replicas=k.mirror_maker_replicas,
+            service_password=kafka_password,
+            registry_password=pulumi.Output.secret(cfg.kafka_registry_password.get_secret_value()),
             peers=cfg.peers,
             depends_on=[*plat.operators, ns[platform.NS_DATA]],
         ),
@@ -142,7 +148,9 @@ def main() -> None:
         schema_registry.SchemaRegistryArgs(
             namespace=platform.NS_DATA,
             kafka_bootstrap=spine.bootstrap_servers,
-            depends_on=[ns[platform.NS_DATA]],
+            password=registry_password,
+            registration_image=image,
+            depends_on=[ns[platform.NS_DATA], spine],
         ),
         in_cluster,
     )
@@ -205,6 +213,8 @@ def main() -> None:
             cdn_purge_token=pulumi.Output.secret(cfg.cdn_purge_token.get_secret_value()),
             etcd_password=etcd_password,
             cassandra_password=scylla_password,
+            kafka_password=kafka_password,
+            registry_password=registry_password,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_APPS]]),
     )
@@ -293,6 +303,12 @@ def workload_env(
         "cassandra_password": kx.SecretRef(cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY),
         "etcd_user": etcd_contract.SERVICE_USER,
         "etcd_password": kx.SecretRef(etcd_contract.AUTH_SECRET, etcd_contract.PASSWORD_KEY),
+        "kafka_user": kafka_contract.SERVICE_USER,
+        "kafka_password": kx.SecretRef(kafka_contract.AUTH_SECRET, kafka_contract.PASSWORD_KEY),
+        "schema_registry_user": registry_contract.SERVICE_USER,
+        "schema_registry_password": kx.SecretRef(
+            registry_contract.AUTH_SECRET, registry_contract.PASSWORD_KEY
+        ),
         "jwks_url": g.jwks_uri,
         "jwt_issuer": g.jwt_issuer,
         "jwt_audience": g.jwt_audience,

@@ -1,82 +1,51 @@
 """Confluent Schema Registry on the cluster (stored in Kafka's `_schemas`), FORWARD compatibility,
-and a Job that registers the repository's Avro schemas (services/contracts/avro/*.avsc)."""
+and the deploy step that registers the repository's Avro schemas (services/contracts/avro/*.avsc).
+
+Every call logs in (HTTP basic auth: Jetty's PropertyFileLoginModule over a password file from a
+Secret), and the registry logs in to Kafka as its own SCRAM user. Producers never register
+schemas (`auto.register.schemas` off): a Job runs the repository's applier
+(services/schema/registry_schemas.py, the one the local stack runs) once the registry answers.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from services.contracts import kafka as kafka_contract
+from services.contracts import registry as registry_contract
+from services.contracts.settings import Settings
+from services.schema import registry_schemas
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-AVRO_DIR = REPO_ROOT / "services" / "contracts" / "avro"
 PORT = 8081
-COMPATIBILITY = "FORWARD"
-# Which topics' values each schema file describes (TopicNameStrategy: `<topic>-value`). A file
-# not listed here registers under its record's full name.
-TOPICS_BY_SCHEMA: dict[str, tuple[str, ...]] = {
-    "like_event": ("likes.committed", "likes.voided", "likes.unvoided"),
-}
+COMPATIBILITY = registry_schemas.COMPATIBILITY
+AUTH_DIR = "/etc/schema-registry/auth"  # the login Secret's files (the image writes its config
+JAAS_FILE = "jaas.conf"  # beside them, under /etc/schema-registry)
+PASSWORD_FILE = "password.properties"
+LOGIN_SECRET = "schema-registry-login"  # JAAS_FILE and PASSWORD_FILE: the registry's own
 
 
 @dataclass(frozen=True)
 class SchemaRegistryArgs:
     namespace: str
     kafka_bootstrap: str
+    password: pulumi.Input[str]  # registry_contract.SERVICE_USER's (basic auth)
+    registration_image: str  # the services image: it holds the applier
     replicas: int = 2
     image: str = "confluentinc/cp-schema-registry:8.1.0"
-    avro_dir: Path = AVRO_DIR
     depends_on: Sequence[pulumi.Resource] = ()
 
 
-def subjects(
-    avro_dir: Path, topics_by_schema: Mapping[str, Sequence[str]] = TOPICS_BY_SCHEMA
-) -> dict[str, str]:
-    """subject -> schema text for every .avsc file; empty when there are none yet."""
-    out: dict[str, str] = {}
-    for path in sorted(avro_dir.glob("*.avsc")) if avro_dir.is_dir() else []:
-        text = path.read_text()
-        parsed = json.loads(text)  # a broken schema fails the plan, not the Job at 3 a.m.
-        topics = topics_by_schema.get(path.stem)
-        if topics:
-            out.update({f"{t}-value": text for t in topics})
-        else:
-            ns = parsed.get("namespace")
-            out[f"{ns}.{parsed['name']}" if ns else parsed["name"]] = text
-    return out
-
-
-def registration_bodies(subject_schemas: Mapping[str, str]) -> dict[str, str]:
-    """ConfigMap entries: one JSON request body per subject, ready for `curl -d @file`."""
-    return {
-        f"{subject}.json": json.dumps({"schemaType": "AVRO", "schema": schema})
-        for subject, schema in subject_schemas.items()
-    }
-
-
-REGISTER = """\
-set -eu
-url=http://{svc}:{port}
-until curl -sf "$url/subjects" >/dev/null; do sleep 2; done
-curl -sf -X PUT -H 'Content-Type: application/vnd.schemaregistry.v1+json' \\
-  -d '{{"compatibility": "{level}"}}' "$url/config"
-for body in /schemas/*.json; do
-  [ -e "$body" ] || continue
-  subject=$(basename "$body" .json)
-  curl -sf -X PUT -H 'Content-Type: application/vnd.schemaregistry.v1+json' \\
-    -d '{{"compatibility": "{level}"}}' "$url/config/$subject"
-  # An identical schema returns the existing id; an incompatible one is a 409 and fails the Job.
-  curl -sf -X POST -H 'Content-Type: application/vnd.schemaregistry.v1+json' \\
-    --data-binary @"$body" "$url/subjects/$subject/versions"
-  echo " registered $subject"
-done
-"""
+def _password_file(password: str) -> str:
+    return registry_contract.password_file(
+        [registry_contract.Credentials(registry_contract.SERVICE_USER, password)]
+    )
 
 
 class SchemaRegistry(pulumi.ComponentResource):
@@ -93,27 +62,62 @@ class SchemaRegistry(pulumi.ComponentResource):
         match = kx.selector(name)
         kx.service_account(name, ns, lbls, child)
         kx.headless_service(name, ns, lbls, match, {"http": PORT}, child, headless=False)
+        secrets = [
+            k8s.core.v1.Secret(
+                f"{name}-login",
+                metadata=kx.meta(LOGIN_SECRET, ns, lbls),
+                type="Opaque",
+                string_data={
+                    JAAS_FILE: registry_contract.jaas_file(f"{AUTH_DIR}/{PASSWORD_FILE}"),
+                    PASSWORD_FILE: pulumi.Output.from_input(args.password).apply(_password_file),
+                },
+                opts=child,
+            ),
+            # the registration Job's copy of the services' login
+            k8s.core.v1.Secret(
+                f"{name}-auth",
+                metadata=kx.meta(registry_contract.AUTH_SECRET, ns, lbls),
+                type="Opaque",
+                string_data={registry_contract.PASSWORD_KEY: args.password},
+                opts=child,
+            ),
+        ]
+        env = kx.env(
+            {
+                "SCHEMA_REGISTRY_HOST_NAME": f"{name}.{ns}.svc.cluster.local",
+                "SCHEMA_REGISTRY_LISTENERS": f"http://0.0.0.0:{PORT}",
+                "SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS": args.kafka_bootstrap,
+                "SCHEMA_REGISTRY_KAFKASTORE_TOPIC": kafka_contract.REGISTRY_TOPIC,
+                "SCHEMA_REGISTRY_KAFKASTORE_TOPIC_REPLICATION_FACTOR": "3",
+                "SCHEMA_REGISTRY_KAFKASTORE_GROUP_ID": kafka_contract.REGISTRY_GROUP,
+                # the registry's own Kafka user (its ACLs: the _schemas topic and its group)
+                "SCHEMA_REGISTRY_KAFKASTORE_SECURITY_PROTOCOL": kafka_contract.SECURITY_PROTOCOL,
+                "SCHEMA_REGISTRY_KAFKASTORE_SASL_MECHANISM": kafka_contract.SASL_MECHANISM,
+                "SCHEMA_REGISTRY_KAFKASTORE_SASL_JAAS_CONFIG": kx.SecretRef(
+                    kafka_contract.REGISTRY_SECRET, kafka_contract.JAAS_KEY
+                ),
+                # FORWARD: events written with a new schema stay readable by old consumers.
+                "SCHEMA_REGISTRY_SCHEMA_COMPATIBILITY_LEVEL": COMPATIBILITY.lower(),
+                # every call logs in; the file names the users, the Secret holds the file
+                "SCHEMA_REGISTRY_AUTHENTICATION_METHOD": "BASIC",
+                "SCHEMA_REGISTRY_AUTHENTICATION_REALM": registry_contract.REALM,
+                "SCHEMA_REGISTRY_AUTHENTICATION_ROLES": registry_contract.ROLE,
+                "SCHEMA_REGISTRY_OPTS": f"-Djava.security.auth.login.config={AUTH_DIR}/{JAAS_FILE}",
+                "SCHEMA_REGISTRY_HEAP_OPTS": "-Xms512m -Xmx512m",
+            }
+        )
         container = kx.core.ContainerArgs(
             name="schema-registry",
             image=args.image,
-            env=kx.env(
-                {
-                    "SCHEMA_REGISTRY_HOST_NAME": f"{name}.{ns}.svc.cluster.local",
-                    "SCHEMA_REGISTRY_LISTENERS": f"http://0.0.0.0:{PORT}",
-                    "SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS": args.kafka_bootstrap,
-                    "SCHEMA_REGISTRY_KAFKASTORE_TOPIC": "_schemas",
-                    "SCHEMA_REGISTRY_KAFKASTORE_TOPIC_REPLICATION_FACTOR": "3",
-                    # FORWARD: events written with a new schema stay readable by old consumers.
-                    "SCHEMA_REGISTRY_SCHEMA_COMPATIBILITY_LEVEL": COMPATIBILITY.lower(),
-                    "SCHEMA_REGISTRY_HEAP_OPTS": "-Xms512m -Xmx512m",
-                }
-            ),
+            env=env,
             ports=[kx.core.ContainerPortArgs(name="http", container_port=PORT)],
             resources=kx.resources("250m", "1Gi", cpu_limit="1"),
-            liveness_probe=kx.http_probe("/", PORT, delay=30),
-            readiness_probe=kx.http_probe("/subjects", PORT, delay=10),
+            # every HTTP path requires a login, which a probe does not carry: the port answers
+            liveness_probe=kx.tcp_probe(PORT, delay=30),
+            readiness_probe=kx.tcp_probe(PORT, delay=10),
             # The image writes its rendered config under /etc/schema-registry at start.
             security_context=kx.security(read_only=False, uid=1000),
+            volume_mounts=[kx.mount("login", AUTH_DIR, read_only=True)],
         )
         deploy = k8s.apps.v1.Deployment(
             name,
@@ -130,51 +134,65 @@ class SchemaRegistry(pulumi.ComponentResource):
                         node_selector=kx.node_selector("system"),
                         topology_spread_constraints=kx.zone_spread(match),
                         containers=[container],
-                    ),
-                ),
-            ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
-        )
-        kx.pdb(name, ns, match, lbls, child, max_unavailable=1)
-        bodies = registration_bodies(subjects(args.avro_dir))
-        digest = hashlib.sha256(json.dumps(bodies, sort_keys=True).encode()).hexdigest()[:10]
-        job_lbls = kx.labels(f"{name}-register", "schema-registration", "job")
-        k8s.core.v1.ConfigMap(
-            f"{name}-schemas",
-            metadata=kx.meta(f"{name}-schemas-{digest}", ns, job_lbls),
-            data=bodies or None,
-            opts=child,
-        )
-        script = REGISTER.format(
-            svc=f"{name}.{ns}.svc.cluster.local", port=PORT, level=COMPATIBILITY
-        )
-        k8s.batch.v1.Job(
-            f"{name}-register",
-            metadata=kx.meta(f"{name}-register-{digest}", ns, job_lbls),
-            spec=k8s.batch.v1.JobSpecArgs(
-                backoff_limit=10,
-                template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=job_lbls),
-                    spec=kx.core.PodSpecArgs(
-                        restart_policy="OnFailure",
-                        automount_service_account_token=False,
-                        security_context=kx.pod_security(uid=100),
-                        containers=[
-                            kx.core.ContainerArgs(
-                                name="register",
-                                image="curlimages/curl:8.11.1",
-                                command=["sh", "-c", script],
-                                resources=kx.resources("50m", "64Mi"),
-                                security_context=kx.security(uid=100),
-                                volume_mounts=[kx.mount("schemas", "/schemas", read_only=True)],
+                        volumes=[
+                            kx.core.VolumeArgs(
+                                name="login",
+                                secret=kx.core.SecretVolumeSourceArgs(
+                                    secret_name=LOGIN_SECRET, default_mode=0o440
+                                ),
                             )
                         ],
-                        volumes=[kx.config_volume("schemas", f"{name}-schemas-{digest}")],
                     ),
                 ),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[deploy]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, *secrets]),
         )
+        kx.pdb(name, ns, match, lbls, child, max_unavailable=1)
         self.url = f"http://{name}.{ns}.svc.cluster.local:{PORT}"
-        self.subjects = sorted(s.removesuffix(".json") for s in bodies)
+        subject_schemas = registry_schemas.subjects()
+        self._registration_job(name, args, subject_schemas, [deploy, *secrets])
+        self.subjects = sorted(subject_schemas)
         self.register_outputs({"url": self.url, "subjects": self.subjects})
+
+    def _registration_job(
+        self,
+        name: str,
+        args: SchemaRegistryArgs,
+        subject_schemas: dict[str, str],
+        after: list[pulumi.Resource],
+    ) -> None:
+        """The deploy step: register every schema of the repository at the declared level.
+        Named after the schemas' digest: a Job is immutable, so a changed schema runs a new one
+        (a rerun of the same schemas changes nothing)."""
+        digest = hashlib.sha256(json.dumps(subject_schemas, sort_keys=True).encode()).hexdigest()
+        job_name = f"{name}-register-{digest[:10]}"
+        env = kx.env(
+            Settings.render_env(
+                {
+                    "schema_registry_url": self.url,
+                    "schema_registry_user": registry_contract.SERVICE_USER,
+                    "schema_registry_password": kx.SecretRef(
+                        registry_contract.AUTH_SECRET, registry_contract.PASSWORD_KEY
+                    ),
+                }
+            )
+        )
+        env.append(kx.core.EnvVarArgs(name="PYTHONDONTWRITEBYTECODE", value="1"))
+        lbls = kx.labels(f"{name}-register", "schema-registration", "job")
+        k8s.batch.v1.Job(
+            f"{name}-register",
+            metadata=kx.meta(job_name, args.namespace, lbls),
+            # retried until the registry answers
+            spec=kx.setup_job_spec(
+                lbls,
+                kx.core.ContainerArgs(
+                    name="register",
+                    image=args.registration_image,
+                    command=["python", "-m", registry_schemas.__name__],
+                    env=env,
+                    resources=kx.resources("100m", "128Mi"),
+                    security_context=kx.security(),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+        )

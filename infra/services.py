@@ -12,7 +12,8 @@ import pulumi_kubernetes as k8s
 from infra import k8s as kx
 from infra import observability
 from infra.config import ServiceScale
-from services.contracts import etcd, workloads
+from services.contracts import etcd, registry, workloads
+from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles
 
 HTTP_PORT = workloads.HTTP_PORT
@@ -45,6 +46,8 @@ class ServicesArgs:
     cdn_purge_token: pulumi.Input[str]
     etcd_password: pulumi.Input[str]
     cassandra_password: pulumi.Input[str]
+    kafka_password: pulumi.Input[str]
+    registry_password: pulumi.Input[str]
 
 
 def service_specs(
@@ -70,6 +73,8 @@ class Services(pulumi.ComponentResource):
             (CDN_PURGE_SECRET, {"token": args.cdn_purge_token}),
             (etcd.AUTH_SECRET, {etcd.PASSWORD_KEY: args.etcd_password}),
             (cql_roles.AUTH_SECRET, {cql_roles.PASSWORD_KEY: args.cassandra_password}),
+            (kafka_contract.AUTH_SECRET, {kafka_contract.PASSWORD_KEY: args.kafka_password}),
+            (registry.AUTH_SECRET, {registry.PASSWORD_KEY: args.registry_password}),
         ):
             k8s.core.v1.Secret(
                 f"{name}-{secret}",

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from local import issuer, rendered
 from local.components import kafka
 from local.layout import HOST, Layout
-from services.contracts import etcd, topics, workloads
+from services.contracts import etcd, registry, topics, workloads
+from services.contracts import kafka as kafka_contract
 from services.contracts.settings import UnknownVariable
 from services.schema import cql_roles
 
@@ -100,6 +101,10 @@ ETCD_AUTH = f"{etcd.AUTH_SECRET}/{etcd.PASSWORD_KEY}"
 ETCD_ROOT = f"{etcd.ROOT_SECRET}/{etcd.PASSWORD_KEY}"  # the program's etcd-auth Job only
 CASSANDRA_AUTH = f"{cql_roles.AUTH_SECRET}/{cql_roles.PASSWORD_KEY}"
 CASSANDRA_ADMIN = f"{cql_roles.ADMIN_SECRET}/{cql_roles.PASSWORD_KEY}"  # the schema Job only
+KAFKA_AUTH = f"{kafka_contract.AUTH_SECRET}/{kafka_contract.PASSWORD_KEY}"
+KAFKA_REGISTRY = f"{kafka_contract.REGISTRY_SECRET}/{kafka_contract.PASSWORD_KEY}"
+KAFKA_ADMIN = f"{kafka_contract.ADMIN_SECRET}/{kafka_contract.PASSWORD_KEY}"  # local only
+REGISTRY_AUTH = f"{registry.AUTH_SECRET}/{registry.PASSWORD_KEY}"
 _SECRET_MAKERS = {
     ("redis-auth", "password"): lambda: secrets.token_urlsafe(24),
     ("cdn-purge", "token"): lambda: secrets.token_urlsafe(24),
@@ -107,6 +112,12 @@ _SECRET_MAKERS = {
     (etcd.ROOT_SECRET, etcd.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
     (cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
     (cql_roles.ADMIN_SECRET, cql_roles.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
+    (kafka_contract.AUTH_SECRET, kafka_contract.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
+    (kafka_contract.REGISTRY_SECRET, kafka_contract.PASSWORD_KEY): lambda: secrets.token_urlsafe(
+        24
+    ),
+    (kafka_contract.ADMIN_SECRET, kafka_contract.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
+    (registry.AUTH_SECRET, registry.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
 }
 
 

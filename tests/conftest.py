@@ -15,14 +15,16 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aetcd
 import pytest
 import redis.cluster
 from cassandra.auth import PlainTextAuthProvider
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from local import components, layout, supervisor, transforms
-from services.contracts import etcd
+from services.contracts import etcd, kafka, registry
 from services.contracts.settings import HotPoolSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,6 +161,29 @@ class Stack:
     def etcd(self, timeout: float = 2.0) -> aetcd.Client:
         """A client of the stack's etcd, logged in as the services are."""
         return etcd.client(self.host, self.etcd_port, self.etcd_credentials, timeout)
+
+    @property
+    def kafka_login(self) -> kafka.Credentials:
+        """The services' Kafka user: the local brokers refuse a client without a login."""
+        from local.components import kafka as kafka_component
+
+        return kafka_component.login(self.layout, kafka.SERVICE_USER)
+
+    def kafka_config(self) -> dict[str, Any]:
+        """A Kafka client's connection settings, logged in as the services are (the local
+        brokers run no authorizer: this user may also create and delete test topics)."""
+        return kafka.client_config(self.kafka_bootstrap, self.kafka_login)
+
+    @property
+    def registry_login(self) -> registry.Credentials:
+        """The services' registry login: the local registry answers 401 without one."""
+        from local.components import schema_registry as registry_component
+
+        return registry_component.credentials(self.layout)
+
+    def registry_client(self) -> SchemaRegistryClient:
+        """confluent-kafka's registry client, logged in as the services are."""
+        return SchemaRegistryClient(registry.client_config(self.registry_url, self.registry_login))
 
     @property
     def gateway_url(self) -> str:

@@ -4,23 +4,42 @@ Every node is a combined broker+controller with a static voter set (`controller.
 so each node's storage is formatted on its own with the shared cluster id and no controller
 directory ids have to be exchanged. Three nodes hold production's durability settings
 (RF 3, min ISR 2); the one-node quick profile drops all of them to 1.
+
+Clients log in, as in production: the broker listener is SASL_PLAINTEXT with SCRAM-SHA-512 and
+refuses a client without credentials or with wrong ones. The brokers replicate over that
+listener too, as the `admin` user, whose credential is written into the metadata log when the
+storage is formatted (`--add-scram`, from a 0600 argument file: no password in argv); bootstrap()
+then creates the services' and the registry's users through the Admin API, as admin. The
+controller listener stays PLAINTEXT on loopback (KRaft cannot check SCRAM there: the credentials
+live in the log the controllers serve). No authorizer runs locally: any logged-in user may do
+anything; production's ACLs (services/contracts/kafka.py) are Strimzi's to enforce.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    ClusterMetadata,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialUpsertion,
+)
 
 from local import maven
 from local.components.base import Component, ProbeFailed, Server, wait_until
 from local.layout import HOST, REPO_ROOT, Layout
+from services.contracts import kafka as kafka_contract
 
 CONF_DIR = REPO_ROOT / "local" / "kafka"
 LOG4J_CONFIG = CONF_DIR / "log4j2.yaml"
@@ -60,10 +79,37 @@ def _new_cluster_id() -> str:
             return cid
 
 
-def _metadata(bootstrap: str, timeout: float) -> ClusterMetadata:
+def login(layout: Layout, user: str) -> kafka_contract.Credentials:
+    """A Kafka user's login as the stack plays its Secret (the services', the registry's, or
+    the local admin's)."""
+    from local import transforms
+
+    secret = {
+        kafka_contract.SERVICE_USER: transforms.KAFKA_AUTH,
+        kafka_contract.REGISTRY_USER: transforms.KAFKA_REGISTRY,
+        kafka_contract.ADMIN_USER: transforms.KAFKA_ADMIN,
+    }[user]
+    return kafka_contract.Credentials(user, transforms.stack_secrets(layout)[secret])
+
+
+def admin_config(layout: Layout) -> dict[str, Any]:
+    """Connection settings of the local super user: `likes local up` creates topics and users
+    with it (Strimzi's operators do in production); tests use the services' login instead."""
+    return kafka_contract.client_config(
+        bootstrap_servers(layout), login(layout, kafka_contract.ADMIN_USER)
+    )
+
+
+# SCRAM credentials the bootstrap keeps as the stack's secrets say (the admin's is formatted in)
+USERS = (kafka_contract.SERVICE_USER, kafka_contract.REGISTRY_USER)
+SCRAM_ITERATIONS = 8192  # Kafka's StorageTool default for --add-scram
+
+
+def _metadata(conf: dict[str, Any], timeout: float) -> ClusterMetadata:
+    bootstrap = conf["bootstrap.servers"]
     admin = AdminClient(
         {
-            "bootstrap.servers": bootstrap,
+            **conf,
             "broker.address.family": "v4",
             "socket.connection.setup.timeout.ms": int(timeout * 1000),
             "log.connection.close": False,
@@ -99,6 +145,11 @@ class Kafka(Component):
     def _argfile(self) -> Path:
         """`java @file` argument file holding `-cp <classpath>`, written by prepare()."""
         return self.layout.conf / "kafka.jvm-args"
+
+    def _format_args(self, node: int) -> Path:
+        """The storage format's main class and arguments (a password among them), read by java
+        from this 0600 file and deleted after."""
+        return self.layout.conf / f"kafka-format-{node}.args"
 
     def _props_file(self, node: int) -> Path:
         return self.layout.conf / f"kafka-{node}.properties"
@@ -142,11 +193,17 @@ class Kafka(Component):
         """Ready = this broker answers Metadata, lists itself as an unfenced broker, and the
         cluster reports an active controller."""
         addr = f"{HOST}:{self._broker_port(node)}"
-        md = _metadata(addr, timeout=2.0)
+        md = _metadata(self._admin_conf(addr), timeout=2.0)
         if node not in md.brokers:
             raise ProbeFailed(f"{addr}: broker {node} not yet in metadata {sorted(md.brokers)}")
         if md.controller_id < 0:
             raise ProbeFailed(f"{addr}: no controller known")
+
+    def _admin_conf(self, bootstrap: str | None = None) -> dict[str, Any]:
+        conf = admin_config(self.layout)
+        if bootstrap is not None:
+            conf["bootstrap.servers"] = bootstrap
+        return conf
 
     # -- prepare ---------------------------------------------------------------------------
     def _properties(self, node: int) -> str:
@@ -158,13 +215,21 @@ class Kafka(Component):
             "node.id": node,
             "controller.quorum.voters": voters,
             "listeners": (
-                f"PLAINTEXT://{HOST}:{self._broker_port(node)},"
+                f"CLIENT://{HOST}:{self._broker_port(node)},"
                 f"CONTROLLER://{HOST}:{self._controller_port(node)}"
             ),
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{self._broker_port(node)}",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "advertised.listeners": f"CLIENT://{HOST}:{self._broker_port(node)}",
+            # clients and replication log in (SCRAM); the controllers' quorum is loopback-only
+            "listener.security.protocol.map": (
+                f"CLIENT:{kafka_contract.SECURITY_PROTOCOL},CONTROLLER:PLAINTEXT"
+            ),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": "CLIENT",
+            "sasl.enabled.mechanisms": kafka_contract.SASL_MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": kafka_contract.SASL_MECHANISM,
+            f"listener.name.client.{kafka_contract.SASL_MECHANISM.lower()}.sasl.jaas.config": (
+                kafka_contract.jaas_config(login(self.layout, kafka_contract.ADMIN_USER))
+            ),
             "log.dirs": self._log_dir(node),
             # production's durability: a write with acks=all survives one node lost
             "default.replication.factor": rf,
@@ -192,7 +257,10 @@ class Kafka(Component):
             "broker.session.timeout.ms": 4000,
             "broker.heartbeat.interval.ms": 1000,
         }
-        lines = [f"# written by local/components/kafka.py for {self.layout.home}; edits are lost"]
+        lines = [
+            f"# written by local/components/kafka.py for {self.layout.home}; edits are lost",
+            "# holds the admin's password (inter-broker login): mode 0600, like a mounted Secret",
+        ]
         lines += [f"{k}={v}" for k, v in props.items()]
         return "\n".join(lines) + "\n"
 
@@ -207,18 +275,27 @@ class Kafka(Component):
                     f"Kafka data under {self.layout.data} was formatted for {saved['nodes']} "
                     f"node(s), this stack wants {self.count}: run `likes local down --wipe` first"
                 )
+            if not saved.get("scram"):
+                # formatted before the brokers logged in: their admin credential is not in the
+                # metadata log, so no broker could replicate
+                raise RuntimeError(
+                    f"Kafka data under {self.layout.data} was formatted without SCRAM logins: "
+                    "run `likes local down --wipe` first"
+                )
             return str(saved["cluster_id"])
         cid = _new_cluster_id()
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"cluster_id": cid, "nodes": self.count}))
+        tmp.write_text(json.dumps({"cluster_id": cid, "nodes": self.count, "scram": True}))
         tmp.replace(f)
         return cid
 
     @staticmethod
-    def _write_if_changed(path: Path, text: str) -> None:
+    def _write_if_changed(path: Path, text: str, mode: int = 0o644) -> None:
         if not path.exists() or path.read_text() != text:
             tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.unlink(missing_ok=True)
+            tmp.touch(mode=mode)
             tmp.write_text(text)
             tmp.replace(path)
 
@@ -229,50 +306,120 @@ class Kafka(Component):
         self._write_if_changed(self._argfile, f'-cp "{classpath}"\n')
         cid = self._cluster_id()
         for n in self.node_ids:
-            self._write_if_changed(self._props_file(n), self._properties(n))
+            self._write_if_changed(self._props_file(n), self._properties(n), mode=0o600)
         # Format only nodes never formatted: a restarted node keeps its log and metadata. The
         # format JVMs run side by side (a few seconds each on a small machine).
         todo = [n for n in self.node_ids if not (self._log_dir(n) / "meta.properties").exists()]
+        if not todo:
+            return
+        admin = login(self.layout, kafka_contract.ADMIN_USER)
+        # the admin's credential goes into the metadata log at format time (the brokers need it
+        # to replicate before anything could create it); java reads the main class and its
+        # arguments from this file, so the password is never in a command line
         procs = []
-        for n in todo:
-            cmd = [
-                "java",
-                "-Xmx256m",
-                f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-                f"@{self._argfile}",
-                "kafka.tools.StorageTool",
-                "format",
-                "--ignore-formatted",
-                "-t",
-                cid,
-                "-c",
-                str(self._props_file(n)),
-            ]
-            procs.append(
-                (n, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-            )
-        for n, p in procs:
-            out, _ = p.communicate()
-            if p.returncode != 0:
-                tail = "\n".join(out.decode(errors="replace").splitlines()[-20:])
-                raise RuntimeError(f"formatting kafka-{n} storage failed:\n{tail}")
+        try:
+            for n in todo:
+                node_args = self._format_args(n)
+                node_args.unlink(missing_ok=True)
+                node_args.touch(mode=0o600)
+                node_args.write_text(
+                    f"kafka.tools.StorageTool format --ignore-formatted -t {cid} "
+                    f'-c "{self._props_file(n)}" --add-scram '
+                    f"{kafka_contract.SASL_MECHANISM}=[name={admin.user},"
+                    f"password={admin.password}]\n"
+                )
+                cmd = [
+                    "java",
+                    "-Xmx256m",
+                    f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+                    f"@{self._argfile}",
+                    f"@{node_args}",
+                ]
+                procs.append(
+                    (n, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+                )
+            for n, p in procs:
+                out, _ = p.communicate()
+                if p.returncode != 0:
+                    tail = "\n".join(out.decode(errors="replace").splitlines()[-20:])
+                    raise RuntimeError(f"formatting kafka-{n} storage failed:\n{tail}")
+        finally:
+            for _n, p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for n in todo:
+                self._format_args(n).unlink(missing_ok=True)
 
     # -- bootstrap -------------------------------------------------------------------------
     def bootstrap(self) -> None:
         """Wait until every broker is in the cluster's metadata, so that a produce with acks=all
         to a topic of replication factor 3 succeeds as soon as `up` returns."""
         want = set(self.node_ids)
-        servers = bootstrap_servers(self.layout)
+        admin_conf = self._admin_conf()
 
         def all_brokers() -> None:
-            md = _metadata(servers, timeout=2.0)
+            md = _metadata(admin_conf, timeout=2.0)
             if not want <= set(md.brokers) or md.controller_id < 0:
                 raise ProbeFailed(f"brokers {sorted(md.brokers)} of {sorted(want)} registered")
 
         wait_until(all_brokers, timeout=60.0, interval=0.5)
+        ensure_users(self.layout)
         # the event spine's topics as the program declares them (local/transforms.py scales
         # their partitions down)
         from local import transforms
         from services.contracts import topics
 
-        topics.ensure(servers, self.count, transforms.topic_specs(self.layout, self.layout.stack))
+        topics.ensure(
+            admin_conf, self.count, transforms.topic_specs(self.layout, self.layout.stack)
+        )
+
+
+def _logs_in(layout: Layout, creds: kafka_contract.Credentials) -> bool:
+    conf = kafka_contract.client_config(bootstrap_servers(layout), creds)
+    try:
+        _metadata(conf, timeout=3.0)
+        return True
+    except ProbeFailed:
+        return False
+
+
+def ensure_users(layout: Layout) -> list[str]:
+    """Give each of USERS the SCRAM credential of its stack secret, as admin; a user whose
+    password already logs in is left alone (a rewrite would change nothing but the salt).
+    Returns the users written ([] on a rerun)."""
+    conf: dict[str, Any] = {**admin_config(layout), "logger": _quiet}
+    admin = AdminClient(conf)
+    mechanism = ScramMechanism[kafka_contract.SASL_MECHANISM.replace("-", "_")]
+    # a user with no credential at all (a fresh stack) is written without a login attempt,
+    # which would only time out
+    known = set()
+    described = admin.describe_user_scram_credentials(list(USERS))
+    assert isinstance(described, dict)  # one future per named user
+    for user, fut in described.items():
+        try:
+            if any(i.mechanism == mechanism for i in fut.result(timeout=30).scram_credential_infos):
+                known.add(user)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.RESOURCE_NOT_FOUND:
+                raise
+    todo = [login(layout, u) for u in USERS]
+    todo = [c for c in todo if c.user not in known or not _logs_in(layout, c)]
+    if not todo:
+        return []
+    upserts: list[UserScramCredentialAlteration] = [
+        UserScramCredentialUpsertion(
+            c.user, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), c.password.encode()
+        )
+        for c in todo
+    ]
+    for fut in admin.alter_user_scram_credentials(upserts).values():
+        fut.result(timeout=30)
+    # a credential reaches every broker through the metadata log: wait until each logs in
+    for c in todo:
+        wait_until(functools.partial(_require_login, layout, c), timeout=30.0, interval=0.5)
+    return [c.user for c in todo]
+
+
+def _require_login(layout: Layout, creds: kafka_contract.Credentials) -> None:
+    if not _logs_in(layout, creds):
+        raise ProbeFailed(f"kafka: {creds.user} does not log in yet")

@@ -1,19 +1,42 @@
-"""The local schema registry (services.schema_registry) as one process beside Kafka.
+"""The local schema registry (local.schema_registry, a stand-in for Confluent's) as one process
+beside Kafka.
 
-It keeps its state in Kafka's `_schemas` topic and creates that topic itself, so the component has
-no storage of its own and nothing to bootstrap.
+It keeps its state in Kafka's `_schemas` topic and creates that topic itself, logged in to Kafka
+as the registry's user. Every HTTP call must log in (basic auth, the users file written here from
+the stack's secrets, in the format production's registry reads); bootstrap() is the deploy step
+production runs as a Job: it registers the repository's schemas with their compatibility
+(services/schema/registry_schemas.py), since producers never register them.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-import httpx
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from local.components import kafka
-from local.components.base import Component, Server, http_probe
+from local.components.base import Component, ProbeFailed, Server
 from local.layout import HOST, REPO_ROOT, Layout
+from local.schema_registry import __main__ as registry_main
+from services.contracts import kafka as kafka_contract
+from services.contracts import registry
+from services.schema import registry_schemas
+
+
+def credentials(layout: Layout) -> registry.Credentials:
+    """The services' registry login (the program's schema-registry-auth secret, as played here)."""
+    from local import transforms
+
+    return registry.Credentials(
+        registry.SERVICE_USER, transforms.stack_secrets(layout)[transforms.REGISTRY_AUTH]
+    )
+
+
+def users_file(layout: Layout) -> Path:
+    """The registry's password file (mode 0600), rewritten from the stack's secrets at start."""
+    return layout.home / "secrets" / "schema-registry.passwords"
 
 
 class SchemaRegistry(Component):
@@ -25,11 +48,14 @@ class SchemaRegistry(Component):
         self.port = layout.ports.schema_registry
         self.url = f"http://{HOST}:{self.port}"
 
+    def client(self) -> SchemaRegistryClient:
+        return SchemaRegistryClient(registry.client_config(self.url, credentials(self.layout)))
+
     def servers(self) -> list[Server]:
         argv = [
             sys.executable,
             "-m",
-            "services.schema_registry",
+            "local.schema_registry",
             "--host",
             HOST,
             "--port",
@@ -39,6 +65,8 @@ class SchemaRegistry(Component):
             # the layout's broker count, not whatever happens to be registered at start
             "--replication-factor",
             str(min(3, self.layout.kafka_brokers)),
+            "--users-file",
+            str(users_file(self.layout)),
         ]
         # the supervisor runs servers in the stack's home: import this checkout's services
         pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -47,20 +75,48 @@ class SchemaRegistry(Component):
                 name="schema-registry",
                 argv=argv,
                 address=self.url,
-                probe=lambda: http_probe(f"{self.url}/subjects"),
-                env={"PYTHONPATH": pythonpath},
+                probe=self.probe,
+                env={"PYTHONPATH": pythonpath, **self._kafka_login_env()},
                 # start = replay of `_schemas`, possibly after creating it
                 start_timeout=90.0,
             )
         ]
 
+    def _kafka_login_env(self) -> dict[str, str]:
+        # the registry's Kafka login, in its env (never argv)
+        creds = kafka.login(self.layout, kafka_contract.REGISTRY_USER)
+        return {
+            registry_main.KAFKA_USER_ENV: creds.user,
+            registry_main.KAFKA_PASSWORD_ENV: creds.password,
+        }
+
+    def prepare(self) -> None:
+        self.layout.ensure()
+        f = users_file(self.layout)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.touch(mode=0o600)
+        tmp.write_text(registry.password_file([credentials(self.layout)]))
+        tmp.replace(f)
+
+    def probe(self) -> None:
+        """Answers a logged-in call (an anonymous one gets 401 by design)."""
+        import httpx
+
+        creds = credentials(self.layout)
+        try:
+            r = httpx.get(f"{self.url}/subjects", auth=(creds.user, creds.password), timeout=2)
+        except httpx.HTTPError as e:
+            raise ProbeFailed(f"{self.url}/subjects: {e}") from e
+        if r.status_code != 200:
+            raise ProbeFailed(f"{self.url}/subjects: HTTP {r.status_code}")
+
     def bootstrap(self) -> None:
-        # production's registry runs with FORWARD as its default level (infra/schema_registry.py):
-        # a new event schema must stay readable by consumers still on the old one
-        r = httpx.put(
-            f"{self.url}/config",
-            json={"compatibility": "FORWARD"},
-            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
-            timeout=10,
-        )
-        r.raise_for_status()
+        # production's deploy step (the schema-registration Job): the repository's schemas under
+        # their subjects, FORWARD (a new event schema stays readable by consumers on the old one)
+        client = self.client()
+        try:
+            registry_schemas.apply(client, registry_schemas.subjects())
+        finally:
+            client.close()

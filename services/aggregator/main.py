@@ -28,7 +28,7 @@ log = logging.getLogger("aggregator")
 
 def consumer_config(s: AggregatorSettings, **overrides: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {
-        "bootstrap.servers": s.kafka_bootstrap,
+        **clients.kafka_config(s),
         "group.id": s.agg_group_id,
         "enable.auto.commit": False,  # offsets move only after a window's writes succeeded
         "enable.auto.offset.store": False,

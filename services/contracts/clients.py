@@ -29,7 +29,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from services.contracts import events
+from services.contracts import events, kafka, registry
 from services.contracts.settings import Settings
 
 log = logging.getLogger("clients")
@@ -180,32 +180,41 @@ def cassandra_auth(settings: Settings) -> PlainTextAuthProvider | None:
 
 
 def schema_registry(settings: Settings) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": settings.schema_registry_url, "timeout": 2})
+    """The registry, logged in with the settings' basic-auth user."""
+    return SchemaRegistryClient(registry.from_settings(settings))
 
 
-def like_serializer(registry: SchemaRegistryClient) -> AvroSerializer:
-    # auto-register: the first producer of a new schema version registers it, and the registry's
-    # FORWARD check rejects an incompatible one at publish time
+def like_serializer(client: SchemaRegistryClient) -> AvroSerializer:
+    """Writes with the schema compiled into this code, under the id the registry gave it at
+    deploy time (services/schema/registry_schemas.py). No auto-registration: a schema nobody
+    registered fails the write (the write path answers 503) instead of registering itself, and
+    not use.latest.version: the latest registered version may be a newer deploy's."""
     return AvroSerializer(
-        registry,
+        client,
         events.LIKE_EVENT_SCHEMA,
         to_dict=lambda e, _ctx: e.to_dict() if isinstance(e, events.LikeEvent) else e,
-        conf={"auto.register.schemas": True},
+        conf={"auto.register.schemas": False, "use.latest.version": False},
     )
 
 
-def like_deserializer(registry: SchemaRegistryClient) -> AvroDeserializer:
+def like_deserializer(client: SchemaRegistryClient) -> AvroDeserializer:
     return AvroDeserializer(
-        registry,
+        client,
         events.LIKE_EVENT_SCHEMA,
         from_dict=lambda d, _ctx: events.LikeEvent.from_dict(d),
     )
 
 
+def kafka_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """Connection settings (bootstrap, SASL/SCRAM login) for any Producer, Consumer or
+    AdminClient of ours, plus `overrides`."""
+    return {**kafka.from_settings(settings), **overrides}
+
+
 def producer(settings: Settings, **overrides: Any) -> Producer:
     """acks=all + idempotence: a broker loss neither loses nor duplicates an acked event."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka_bootstrap,
+        **kafka.from_settings(settings),
         "acks": "all",
         "enable.idempotence": True,
         "linger.ms": 2,

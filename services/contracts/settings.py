@@ -78,7 +78,13 @@ class Settings(BaseSettings):
     cassandra_user: str | None = None
     cassandra_password: SecretStr | None = None
     kafka_bootstrap: str = "127.0.0.1:29092"
+    # the services' Kafka user (SASL/SCRAM-SHA-512 on the client listener); None: no SASL
+    kafka_user: str | None = None
+    kafka_password: SecretStr | None = None
     schema_registry_url: str = "http://127.0.0.1:8081"
+    # the registry's HTTP basic auth; None: anonymous calls
+    schema_registry_user: str | None = None
+    schema_registry_password: SecretStr | None = None
     etcd_host: str = "127.0.0.1"
     etcd_port: int = 2379
     # the services' etcd user (auth is on); None: connect without credentials
@@ -110,11 +116,17 @@ class Settings(BaseSettings):
         "cassandra_password",
         "etcd_user",
         "etcd_password",
+        "kafka_user",
+        "kafka_password",
+        "schema_registry_user",
+        "schema_registry_password",
     )
     # a user without its password (or the reverse) is a half-rendered secret, not "no auth"
     LOGINS: ClassVar[tuple[tuple[str, str], ...]] = (
         ("cassandra_user", "cassandra_password"),
         ("etcd_user", "etcd_password"),
+        ("kafka_user", "kafka_password"),
+        ("schema_registry_user", "schema_registry_password"),
     )
 
     @classmethod

@@ -5,6 +5,7 @@ renders, scaled down (local/transforms.py topic_specs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -16,9 +17,13 @@ class TopicSpec:
     config: dict[str, str]
 
 
-def ensure(bootstrap: str, brokers: int, specs: list[TopicSpec], timeout: float = 30) -> list[str]:
-    """Create the missing topics (RF min(3, brokers), min ISR 2 with 3 brokers); return them."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def ensure(
+    kafka_conf: dict[str, Any], brokers: int, specs: list[TopicSpec], timeout: float = 30
+) -> list[str]:
+    """Create the missing topics (RF min(3, brokers), min ISR 2 with 3 brokers); return them.
+    `kafka_conf`: a client's connection settings, logged in as a user allowed to create topics
+    (locally the admin user: the services' may not)."""
+    admin = AdminClient(kafka_conf)
     existing = set(admin.list_topics(timeout=timeout).topics)
     rf = min(3, brokers)
     new = [

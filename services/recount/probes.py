@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.query import ConsistencyLevel
@@ -110,12 +111,15 @@ class Outbox:
 class Consumers:
     """The aggregator group's committed offsets against the event topics' log-end offsets."""
 
-    def __init__(self, bootstrap: str, group: str, topics: Sequence[str], timeout: float = 10):
-        self.bootstrap = bootstrap
+    def __init__(
+        self, kafka_conf: dict[str, Any], group: str, topics: Sequence[str], timeout: float = 10
+    ):
+        """`kafka_conf`: the connection settings (contracts.clients.kafka_config)."""
+        self.bootstrap = str(kafka_conf["bootstrap.servers"])
         self.group = group
         self.topics = list(topics)
         self.timeout = timeout
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.admin = AdminClient(kafka_conf)
 
     def _fail(self, what: str, e: BaseException) -> ProbeError:
         return ProbeError(f"kafka {self.bootstrap}: {what}: {e}")
@@ -159,15 +163,18 @@ class Consumers:
         }
 
 
-def recent_posts(bootstrap: str, topic: str, n: int, timeout: float = 10.0) -> list[str]:
+def recent_posts(
+    kafka_conf: dict[str, Any], topic: str, n: int, timeout: float = 10.0
+) -> list[str]:
     """The `n` posts with the latest events on `topic`, most recent first.
 
     Read from the tail of each partition, from the message keys alone (`post_id` or
     `post_id:<shard>`, see contracts.keys.kafka_key; ':' never occurs in a post id): no decoding,
     no registry, no scan of any store."""
+    bootstrap = kafka_conf["bootstrap.servers"]
     c = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **kafka_conf,
             "group.id": "likes-recount-sample",  # never joins, never commits: assign() only
             "enable.auto.commit": False,
             "enable.partition.eof": True,

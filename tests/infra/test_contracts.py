@@ -48,15 +48,17 @@ from starlette.routing import Match
 
 from infra import alert_rules, config, envoy_config, observability, plan, stackfile
 from infra import redis as infra_redis
+from infra import schema_registry as infra_registry
 from infra import scylla as infra_scylla
 from infra import services as infra_services
 from operators.hotkeys import handlers
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from services.aggregator.settings import AggregatorSettings
 from services.common import worker_http
-from services.contracts import clients, etcd, events, routes, workloads
+from services.contracts import clients, etcd, events, registry, routes, workloads
+from services.contracts import kafka as kafka_contract
 from services.contracts.settings import Settings, UnknownVariable, parse_nodes
-from services.schema import cql_roles, etcd_auth, migrate
+from services.schema import cql_roles, etcd_auth, migrate, registry_schemas
 from tests.infra.conftest import STACKS, by_kind, named
 
 # the `env` each stack's workloads must run under (never the local defaults)
@@ -686,6 +688,14 @@ LOGINS = {
         etcd.SERVICE_USER,
         SecretKey(etcd.AUTH_SECRET, etcd.PASSWORD_KEY),
     ),
+    ("kafka_user", "kafka_password"): (
+        kafka_contract.SERVICE_USER,
+        SecretKey(kafka_contract.AUTH_SECRET, kafka_contract.PASSWORD_KEY),
+    ),
+    ("schema_registry_user", "schema_registry_password"): (
+        registry.SERVICE_USER,
+        SecretKey(registry.AUTH_SECRET, registry.PASSWORD_KEY),
+    ),
 }
 
 
@@ -698,7 +708,7 @@ def secret_in(p: plan.Plan, namespace: str, ref: SecretKey) -> dict[str, Any]:
     ]
     assert found, f"no Secret {ref.secret} in {namespace}"
     (secret,) = found
-    assert set(secret["stringData"]) == {ref.key}
+    assert ref.key in secret["stringData"], f"{ref.secret} has no key {ref.key}"
     return secret
 
 
@@ -826,3 +836,168 @@ def test_scylla_requires_logins_and_the_migration_job_makes_the_roles(
         env[migrate.CONTACT_POINTS_ENV]
         == likes_env(container_of(p, workloads.WRITE))[Settings.env_name("cassandra_hosts")]
     )
+
+
+# -- Kafka and the schema registry: SCRAM logins, ACLs, basic auth, the registration step --------
+@pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
+def test_the_kafka_and_registry_clients_log_in_with_the_rendered_users(
+    plans: dict[str, plan.Plan],
+    build_settings: Callable[..., Settings],
+    stack: str,
+    w: workloads.Workload,
+) -> None:
+    s = build_settings(w, likes_env(container_of(plans[stack], w)))
+    conf = clients.kafka_config(s)
+    assert conf["security.protocol"] == kafka_contract.SECURITY_PROTOCOL
+    assert conf["sasl.mechanism"] == kafka_contract.SASL_MECHANISM
+    assert (conf["sasl.username"], conf["sasl.password"]) == (
+        kafka_contract.SERVICE_USER,
+        DUMMY_SECRET,
+    )
+    reg = registry.from_settings(s)
+    assert reg["basic.auth.user.info"] == f"{registry.SERVICE_USER}:{DUMMY_SECRET}"
+    assert reg["url"] == s.schema_registry_url
+
+
+def _kafka_users(p: plan.Plan) -> dict[str, dict[str, Any]]:
+    return {u.inputs["metadata"]["name"]: u.inputs for u in by_kind(p, "KafkaUser")}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_kafka_client_listener_requires_scram_and_each_user_gets_only_its_acls(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    p = plans[stack]
+    (cluster,) = by_kind(p, "Kafka")
+    spec = cluster.inputs["spec"]["kafka"]
+    ns = cluster.inputs["metadata"]["namespace"]
+    # the listener the workloads' bootstrap names requires a SCRAM login
+    write = likes_env(container_of(p, workloads.WRITE))
+    port = int(str(write[Settings.env_name("kafka_bootstrap")]).rsplit(":", 1)[1])
+    (listener,) = [x for x in spec["listeners"] if x["port"] == port]
+    assert listener["authentication"] == {"type": kafka_contract.STRIMZI_AUTH}
+    assert all(x.get("authentication") for x in spec["listeners"]), "a listener without login"
+    assert spec["authorization"] == {"type": "simple"}
+    users = _kafka_users(p)
+    peers = tuple(peer.region for peer in configs[stack].peers)
+    k = kafka_contract
+    for name, secret, acls in (
+        (k.SERVICE_USER, k.AUTH_SECRET, k.service_acls(peers)),
+        (k.REGISTRY_USER, k.REGISTRY_SECRET, k.REGISTRY_ACLS),
+    ):
+        u = users[name]
+        assert u["metadata"]["namespace"] == ns
+        auth = u["spec"]["authentication"]
+        assert auth["type"] == kafka_contract.STRIMZI_AUTH
+        ref = auth["password"]["valueFrom"]["secretKeyRef"]
+        secret_in(p, ns, SecretKey(ref["name"], ref["key"]))
+        assert ref == {"name": secret, "key": kafka_contract.PASSWORD_KEY}
+        assert u["spec"]["authorization"] == {
+            "type": "simple", "acls": [a.strimzi() for a in acls]
+        }  # fmt: skip
+    # every user of the cluster is authorized by ACLs (simple authorization denies the rest)
+    assert all(u["spec"]["authorization"]["acls"] for u in users.values())
+    # the services' ACLs: the platform's topics (and the peers' mirrors of them), its groups
+    topics = {a.name for a in kafka_contract.service_acls(peers) if a.type == "topic"}
+    prefix = kafka_contract.TOPIC_PREFIX
+    assert topics == {prefix, *(events.mirrored(r, prefix) for r in peers)}
+    assert not any("Create" in a.operations or "All" in a.operations
+                   for a in kafka_contract.service_acls(peers))  # fmt: skip
+    for t in (*events.EVENT_TOPICS, events.DEAD_LETTER):
+        assert t.startswith(kafka_contract.TOPIC_PREFIX)
+
+
+def test_the_aggregators_group_is_one_the_services_acls_admit() -> None:
+    from services.aggregator.settings import AggregatorSettings
+
+    group = str(AggregatorSettings.model_fields["agg_group_id"].default)
+    assert group.startswith(kafka_contract.GROUP_PREFIX)
+
+
+@pytest.mark.parametrize("stack", ["prod-us", "prod-eu"])
+def test_mirrormaker_logs_in_to_this_cluster_with_the_user_operators_secret(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    users = _kafka_users(p)
+    mirrors = by_kind(p, "KafkaMirrorMaker2")
+    assert mirrors
+    for m in mirrors:
+        target = m.inputs["spec"]["target"]
+        auth = target["authentication"]
+        assert auth["type"] == kafka_contract.STRIMZI_AUTH
+        # Strimzi's User Operator writes the password into a Secret named after the user
+        assert auth["passwordSecret"]["secretName"] == auth["username"]
+        assert auth["username"] in users
+        for source in m.inputs["spec"]["mirrors"]:
+            assert source["source"]["authentication"]["type"] == kafka_contract.STRIMZI_AUTH
+
+
+def _container_env(c: dict[str, Any]) -> dict[str, str | SecretKey]:
+    return _job_env(c)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_schema_registry_requires_basic_auth_and_logs_in_to_kafka(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    dep = named(p, "Deployment", "schema-registry").inputs
+    ns = dep["metadata"]["namespace"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = _container_env(c)
+    assert env["SCHEMA_REGISTRY_AUTHENTICATION_METHOD"] == "BASIC"
+    assert env["SCHEMA_REGISTRY_AUTHENTICATION_REALM"] == registry.REALM
+    assert env["SCHEMA_REGISTRY_AUTHENTICATION_ROLES"] == registry.ROLE
+    jaas_path = f"{infra_registry.AUTH_DIR}/{infra_registry.JAAS_FILE}"
+    assert env["SCHEMA_REGISTRY_OPTS"] == f"-Djava.security.auth.login.config={jaas_path}"
+    # the JAAS and password files come from a Secret mounted where the options say
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == infra_registry.AUTH_DIR]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    login = secret_in(p, ns, SecretKey(vol["secret"]["secretName"], infra_registry.JAAS_FILE))
+    assert infra_registry.PASSWORD_FILE in login["stringData"]  # (values masked in the plan)
+    # Confluent 8 runs Jetty 12, whose module registry.jaas_file names (unit-tested): the 7.x
+    # package would log no one in
+    assert int(c["image"].rsplit(":", 1)[1].split(".")[0]) >= 8
+    # its own Kafka login, from a Secret, over the listener the workloads use
+    assert env["SCHEMA_REGISTRY_KAFKASTORE_SECURITY_PROTOCOL"] == kafka_contract.SECURITY_PROTOCOL
+    assert env["SCHEMA_REGISTRY_KAFKASTORE_SASL_MECHANISM"] == kafka_contract.SASL_MECHANISM
+    jaas = env["SCHEMA_REGISTRY_KAFKASTORE_SASL_JAAS_CONFIG"]
+    assert jaas == SecretKey(kafka_contract.REGISTRY_SECRET, kafka_contract.JAAS_KEY)
+    secret_in(p, ns, jaas)
+    write = likes_env(container_of(p, workloads.WRITE))
+    assert (
+        env["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"]
+        == write[Settings.env_name("kafka_bootstrap")]
+    )
+    # a probe carries no login: the port, not an HTTP path that answers 401
+    assert "tcpSocket" in c["livenessProbe"] and "tcpSocket" in c["readinessProbe"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_registration_job_runs_the_applier_with_the_login_from_a_secret(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    (job,) = [j for j in by_kind(p, "Job") if j.name == "schema-registry-register"]
+    (c,) = job.inputs["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["python", "-m", registry_schemas.__name__]
+    assert importlib.util.find_spec(registry_schemas.__name__) is not None
+    env = _job_env(c)
+    write = likes_env(container_of(p, workloads.WRITE))
+    url = Settings.env_name("schema_registry_url")
+    assert env[url] == write[url]
+    assert env[Settings.env_name("schema_registry_user")] == registry.SERVICE_USER
+    ref = env[Settings.env_name("schema_registry_password")]
+    assert ref == SecretKey(registry.AUTH_SECRET, registry.PASSWORD_KEY)
+    secret_in(p, job.inputs["metadata"]["namespace"], ref)
+
+
+def test_producers_never_register_schemas() -> None:
+    class _Registry:  # the serializer only stores its client at construction
+        pass
+
+    ser = clients.like_serializer(_Registry())  # type: ignore[arg-type]
+    assert ser._auto_register is False
+    assert ser._use_latest_version is False

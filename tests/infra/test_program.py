@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 import yaml
 
 from infra import config, kafka, plan, redis
-from services.schema import cql_apply
+from services.contracts import events
+from services.schema import cql_apply, registry_schemas
 from tests.infra.conftest import STACKS, by_kind, named
 
 COMPONENTS = {
@@ -68,6 +70,7 @@ def test_topic_specs_follow_args() -> None:
         brokers_per_zone=1, broker_storage_gi=1, broker_cpu="1", broker_memory_gi=1,
         partitions=7, dead_letter_partitions=5, dead_letter_retention_days=2, retention_hours=1,
         replication_factor=3, min_insync_replicas=2, mirror_maker_replicas=1,
+        service_password="pw", registry_password="pw",
     )  # fmt: skip
     specs = {t.name: t for t in kafka.topic_specs(args)}
     assert specs["likes.committed"].partitions == 7
@@ -297,14 +300,14 @@ def test_schema_registry_forward_and_registers_repository_schemas(
         e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert env["SCHEMA_REGISTRY_SCHEMA_COMPATIBILITY_LEVEL"] == "forward"
-    (bodies,) = [
-        r for r in by_kind(plans[stack], "ConfigMap") if r.name == "schema-registry-schemas"
-    ]
-    subjects = set(bodies.inputs.get("data") or {})
-    assert {"likes.committed-value.json", "likes.voided-value.json"} <= subjects
+    assert registry_schemas.COMPATIBILITY == "FORWARD"
+    # the Job registers what the applier reads from the repository: every event topic's value
+    subjects = registry_schemas.subjects()
+    assert {f"{t}-value" for t in events.EVENT_TOPICS} <= set(subjects)
     (job,) = [j for j in by_kind(plans[stack], "Job") if j.name == "schema-registry-register"]
-    script = job.inputs["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-    assert '"compatibility": "FORWARD"' in script
+    # a changed schema is a new Job (Jobs are immutable): the name carries the schemas' digest
+    digest = hashlib.sha256(json.dumps(subjects, sort_keys=True).encode()).hexdigest()[:10]
+    assert job.inputs["metadata"]["name"] == f"schema-registry-register-{digest}"
 
 
 def test_operator_runs_the_kopf_wiring_module(plans: dict[str, plan.Plan]) -> None:

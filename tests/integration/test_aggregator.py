@@ -37,6 +37,7 @@ from services.aggregator.main import build
 from services.aggregator.purge import RecordingPurger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import bloom, clients, events, keys, topics
+from services.schema import registry_schemas
 from tests.conftest import REPO, Stack
 
 pytestmark = pytest.mark.stack
@@ -53,6 +54,10 @@ def stack_env(stack: Stack) -> dict[str, str]:
         "LIKES_REDIS_PASSWORD": stack.redis_password,
         "LIKES_CASSANDRA_USER": stack.cassandra_login[0],
         "LIKES_CASSANDRA_PASSWORD": stack.cassandra_login[1],
+        "LIKES_KAFKA_USER": stack.kafka_login.user,
+        "LIKES_KAFKA_PASSWORD": stack.kafka_login.password,
+        "LIKES_SCHEMA_REGISTRY_USER": stack.registry_login.user,
+        "LIKES_SCHEMA_REGISTRY_PASSWORD": stack.registry_login.password,
     }
 
 
@@ -61,7 +66,7 @@ def env(stack: Stack) -> Iterator[dict[str, str]]:
     # the stack's bootstrap creates the topics; ensuring again is idempotent and makes this
     # module independent of that
     specs = transforms.topic_specs(stack.layout, stack.layout.stack)
-    topics.ensure(stack.kafka_bootstrap, stack.layout.kafka_brokers, specs)
+    topics.ensure(stack.kafka_config(), stack.layout.kafka_brokers, specs)
     # the stack's own aggregator would fold these tests' events into the same cells first (a
     # correct second writer, but the tests count what *their* aggregator applies): pause it
     stack.cli("local", "stop", "aggregator")
@@ -82,6 +87,10 @@ def base_settings(env: dict[str, str]) -> AggregatorSettings:
         redis_password=env["LIKES_REDIS_PASSWORD"],
         cassandra_user=env["LIKES_CASSANDRA_USER"],
         cassandra_password=env["LIKES_CASSANDRA_PASSWORD"],
+        kafka_user=env["LIKES_KAFKA_USER"],
+        kafka_password=env["LIKES_KAFKA_PASSWORD"],
+        schema_registry_user=env["LIKES_SCHEMA_REGISTRY_USER"],
+        schema_registry_password=env["LIKES_SCHEMA_REGISTRY_PASSWORD"],
     )
 
 
@@ -115,12 +124,22 @@ def serialize(base_settings: AggregatorSettings) -> Callable[[events.LikeEvent, 
     return go
 
 
+def register_event_schema(s: AggregatorSettings, topics: Sequence[str]) -> None:
+    """The deploy step for a test's own topics: producers never register schemas."""
+    registry = clients.schema_registry(s)
+    try:
+        by_schema = {"like_event": tuple(topics)}
+        registry_schemas.apply(registry, registry_schemas.subjects(topics_by_schema=by_schema))
+    finally:
+        registry.close()
+
+
 @pytest.fixture
 def settings(base_settings: AggregatorSettings) -> AggregatorSettings:
     """A fresh group whose committed offsets are the current ends of the topics."""
     group = f"agg-test-{uuid.uuid4().hex[:10]}"
     s = base_settings.model_copy(update={"agg_group_id": group})
-    c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": group})
+    c = Consumer({**clients.kafka_config(s), "group.id": group})
     try:
         offsets = []
         for topic in s.source_topics:
@@ -295,7 +314,8 @@ def test_partitions_added_mid_stream_lose_no_like(
     s = base_settings.model_copy(
         update={"agg_group_id": f"agg-{prefix}", "agg_topic_prefix": prefix}
     )
-    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
+    register_event_schema(s, s.source_topics)
+    admin = AdminClient(clients.kafka_config(s))
     own = [*s.source_topics, s.dead_letter_topic]
     wait_all(admin.create_topics([NewTopic(t, 1, 1) for t in own]))
     topic = s.topic(events.COMMITTED)
@@ -333,8 +353,9 @@ def test_a_peer_regions_mirrored_events_refresh_counts_and_filters_without_count
         update={"agg_group_id": f"agg-{peer}", "agg_peer_regions": peer,
                 "agg_remote_recheck_s": 3.0},
     )  # fmt: skip
-    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
+    admin = AdminClient(clients.kafka_config(s))
     wait_all(admin.create_topics([NewTopic(t, 1, 1) for t in s.mirrored_topics]))
+    register_event_schema(s, s.mirrored_topics)
     mirrored = events.mirrored(peer, events.COMMITTED)
     post, late = f"post-{uuid.uuid4()}", f"post-{uuid.uuid4()}"
     liker = f"u-{uuid.uuid4().hex[:8]}"
@@ -485,7 +506,7 @@ def test_replay_from_an_earlier_offset_applies_nothing_twice(
     first: dict[int, int] = {}
     for p, off in where:
         first[p] = min(first.get(p, off), off)
-    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": settings.agg_group_id})
+    c = Consumer({**clients.kafka_config(settings), "group.id": settings.agg_group_id})
     c.commit(
         offsets=[TopicPartition(events.COMMITTED, p, o) for p, o in first.items()],
         asynchronous=False,
@@ -562,7 +583,7 @@ def test_crash_between_cell_writes_and_offset_commit_applies_nothing_twice(
     written = sum(v[0] for v in cells(session, post).values())
     assert 0 < written <= 12  # the cells have the first window...
     assert agg_count(rc, post) is None  # ...the count-cache does not
-    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": settings.agg_group_id})
+    c = Consumer({**clients.kafka_config(settings), "group.id": settings.agg_group_id})
     parts = sorted({p for p, _ in where})
     committed = c.committed([TopicPartition(events.COMMITTED, p) for p in parts], timeout=10)
     c.close()
@@ -626,7 +647,7 @@ def test_poison_goes_to_dead_letter_after_3_attempts_and_the_partition_keeps_flo
 ) -> None:
     post = f"post-{uuid.uuid4()}"
     key = post.encode()
-    dlq = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "unused"})
+    dlq = Consumer({**clients.kafka_config(settings), "group.id": "unused"})
     meta = dlq.list_topics(events.DEAD_LETTER, timeout=10).topics[events.DEAD_LETTER]
     start = []
     for p in meta.partitions:
@@ -679,7 +700,7 @@ def test_poison_goes_to_dead_letter_after_3_attempts_and_the_partition_keeps_flo
 
 def dead_letters(s: AggregatorSettings) -> Consumer:
     """A consumer positioned at the current end of the dead-letter topic."""
-    dlq = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": "unused"})
+    dlq = Consumer({**clients.kafka_config(s), "group.id": "unused"})
     meta = dlq.list_topics(s.dead_letter_topic, timeout=10).topics[s.dead_letter_topic]
     start = []
     for p in meta.partitions:

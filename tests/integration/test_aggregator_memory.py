@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY
 from local.components.redis import redis_server_bin
 from services.aggregator import cache
 from services.aggregator.settings import AggregatorSettings
-from services.contracts import bloom, keys
+from services.contracts import bloom, clients, keys
 from services.read.core import Reader
 from services.read.stores import CassandraStore, RedisCountCache
 from tests.conftest import Stack
@@ -138,7 +138,7 @@ def cache_faults() -> float:
 
 def caught_up(s: AggregatorSettings) -> bool:
     """The group's committed offsets are at the end of every source partition."""
-    c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": s.agg_group_id})
+    c = Consumer({**clients.kafka_config(s), "group.id": s.agg_group_id})
     try:
         for topic in s.source_topics:
             parts = [

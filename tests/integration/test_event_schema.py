@@ -7,7 +7,7 @@ import json
 import uuid
 
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -28,7 +28,7 @@ def with_fields(fields: list[dict[str, object]]) -> str:
 
 
 def test_next_version_is_readable_by_consumers_on_this_one(stack: Stack) -> None:
-    registry = SchemaRegistryClient({"url": stack.registry_url})
+    registry = stack.registry_client()
     subject = f"likes.schema-test-{uuid.uuid4().hex[:8]}-value"
     topic = subject.removesuffix("-value")
     registry.set_compatibility(subject, "FORWARD")

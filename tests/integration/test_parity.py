@@ -85,7 +85,7 @@ def test_status_lists_the_rendered_probe_as_health(stack: Stack) -> None:
 def test_the_topics_are_the_rendered_ones_scaled_down(stack: Stack) -> None:
     from confluent_kafka.admin import AdminClient, ConfigResource
 
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    admin = AdminClient(stack.kafka_config())
     meta = admin.list_topics(timeout=10).topics
     rendered_topics = rendered.render(stack.layout.stack).of_type(transforms.KAFKA_TOPIC)
     assert rendered_topics

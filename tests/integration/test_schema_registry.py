@@ -16,6 +16,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from services.contracts import clients, events
+from services.schema import registry_schemas
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -39,13 +41,13 @@ def unique(prefix: str) -> str:
 
 @pytest.fixture
 def registry(stack: Stack) -> Iterator[SchemaRegistryClient]:
-    client = SchemaRegistryClient({"url": stack.registry_url})
+    client = stack.registry_client()
     yield client
     client.close()
 
 
 def test_schemas_topic_is_one_compacted_partition(stack: Stack) -> None:
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    admin = AdminClient(stack.kafka_config())
     topic = admin.list_topics("_schemas", timeout=10).topics["_schemas"]
     assert topic.error is None
     assert len(topic.partitions) == 1
@@ -72,7 +74,7 @@ def test_register_read_back_and_reregister(registry: SchemaRegistryClient) -> No
 
     # the same schema, formatted differently: same id, no new version (a fresh client has no
     # cache that could answer instead of the registry)
-    fresh = SchemaRegistryClient({"url": registry.config()["url"]})
+    fresh = SchemaRegistryClient(dict(registry.config()))
     try:
         assert fresh.register_schema(subject, avro(POST_ID, USER_ID, indent=2)) == schema_id
         assert fresh.get_versions(subject) == [1]
@@ -134,6 +136,7 @@ def test_errors_carry_confluent_codes(stack: Stack, registry: SchemaRegistryClie
         f"{stack.registry_url}/subjects/{subject}/versions",
         content=b"{not json",
         headers={"Content-Type": MEDIA_TYPE},
+        auth=(stack.registry_login.user, stack.registry_login.password),
     )
     assert r.status_code == 400
     assert r.headers["content-type"].startswith(MEDIA_TYPE)
@@ -172,7 +175,7 @@ def test_restart_keeps_subjects_versions_ids_and_levels(
         httpx.get(f"{stack.registry_url}/subjects", timeout=2)
     stack.up()
 
-    after = SchemaRegistryClient({"url": stack.registry_url})  # nothing cached
+    after = stack.registry_client()  # nothing cached
     try:
         assert {subject, twin} <= set(after.get_subjects())
         assert after.get_versions(subject) == [1, 2]
@@ -188,3 +191,36 @@ def test_restart_keeps_subjects_versions_ids_and_levels(
         assert new_id > second
     finally:
         after.close()
+
+
+def test_a_producer_never_registers_a_schema(stack: Stack, registry: SchemaRegistryClient) -> None:
+    """The services' serializer runs with auto.register.schemas off: on a subject the deploy
+    step did not register, a write fails with the registry's 'not found', and nothing is
+    registered behind anyone's back."""
+    topic = unique("likes.unregistered")
+    serialize = clients.like_serializer(registry)
+    event = events.LikeEvent.new(
+        intent_uuid=str(uuid.uuid4()), user_id="u", post_id="p", action="like",
+        reaction="like", delta=1, region="local",
+    )  # fmt: skip
+    with pytest.raises(SchemaRegistryError) as refused:
+        serialize(event, SerializationContext(topic, MessageField.VALUE))
+    assert refused.value.http_status_code == 404
+    assert refused.value.error_code in (40401, 40403)
+    assert f"{topic}-value" not in registry.get_subjects()
+    # the event topics' subjects are registered (by the deploy step): the same serializer writes
+    data = serialize(event, SerializationContext(events.COMMITTED, MessageField.VALUE))
+    assert data is not None
+    assert (
+        clients.like_deserializer(registry)(
+            data, SerializationContext(events.COMMITTED, MessageField.VALUE)
+        )
+        == event
+    )
+
+
+def test_the_registration_step_is_idempotent(registry: SchemaRegistryClient) -> None:
+    """`likes local up` (and production's Job) ran it already: a rerun changes nothing."""
+    assert registry_schemas.apply(registry, registry_schemas.subjects()) == []
+    for subject in registry_schemas.subjects():
+        assert registry.get_compatibility(subject) == registry_schemas.COMPATIBILITY

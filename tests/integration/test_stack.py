@@ -17,13 +17,17 @@ from aetcd import rpc
 from cassandra import Unauthorized
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import Cluster, NoHostAvailable
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from redis.cluster import RedisCluster
 
 from local import transforms
 from local.components import cassandra
-from services.contracts import etcd, keys
+from local.components import kafka as kafka_component
+from services.contracts import etcd, events, keys, registry
+from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles, etcd_auth
 from tests.conftest import Stack
 
@@ -140,7 +144,7 @@ def test_etcd_put_get_watch(stack: Stack) -> None:
 def test_kafka_acks_all_produce_and_committed_group_offset(stack: Stack) -> None:
     brokers = stack.layout.kafka_brokers
     topic = f"test.stack.{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    admin = AdminClient(stack.kafka_config())
     fut = admin.create_topics(
         [NewTopic(topic, 3, brokers, config={"min.insync.replicas": str(min(2, brokers))})]
     )[topic]
@@ -148,7 +152,7 @@ def test_kafka_acks_all_produce_and_committed_group_offset(stack: Stack) -> None
     md = admin.list_topics(topic, timeout=10).topics[topic]
     assert all(len(p.replicas) == brokers for p in md.partitions.values())
 
-    prod = Producer({"bootstrap.servers": stack.kafka_bootstrap, "acks": "all",
+    prod = Producer({**stack.kafka_config(), "acks": "all",
                      "enable.idempotence": True})  # fmt: skip
     errors: list[KafkaError] = []
     for i in range(20):
@@ -157,7 +161,7 @@ def test_kafka_acks_all_produce_and_committed_group_offset(stack: Stack) -> None
     assert prod.flush(30) == 0 and not errors
 
     group = f"g-{uuid.uuid4().hex[:8]}"
-    conf = {"bootstrap.servers": stack.kafka_bootstrap, "group.id": group,
+    conf = {**stack.kafka_config(), "group.id": group,
             "auto.offset.reset": "earliest", "enable.auto.commit": False}  # fmt: skip
     c = Consumer(conf)
     c.subscribe([topic])
@@ -349,3 +353,68 @@ def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(
                 await c.delete(key)
 
         asyncio.run(clean())
+
+
+def _login_errors(stack: Stack, conf: dict[str, object]) -> list[KafkaError]:
+    """What a client with these settings meets: its metadata request fails; the errors its
+    error callback saw say why."""
+    seen: list[KafkaError] = []
+    admin = AdminClient({**conf, "error_cb": seen.append, "log.connection.close": False})
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=5)
+    admin.poll(1.0)  # serves the error callback
+    return seen
+
+
+def test_kafka_refuses_a_client_without_a_login_or_with_a_wrong_password(stack: Stack) -> None:
+    """The program's client listener requires SASL/SCRAM-SHA-512 (its KafkaUsers); so does every
+    local broker, so every Kafka client of ours logs in, in every test."""
+    bootstrap = stack.kafka_bootstrap
+    # no SASL at all: the broker drops the connection before any request is served
+    _login_errors(stack, {"bootstrap.servers": bootstrap})
+    for creds in (
+        kafka_contract.Credentials(kafka_contract.SERVICE_USER, "guess"),
+        kafka_contract.Credentials("nobody", stack.kafka_login.password),
+    ):
+        errors = _login_errors(stack, kafka_contract.client_config(bootstrap, creds))
+        assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+    # the services' login works, and so does the registry's (its own user)
+    md = AdminClient(stack.kafka_config()).list_topics(timeout=10)
+    assert kafka_contract.REGISTRY_TOPIC in md.topics
+    registry_login = kafka_component.login(stack.layout, kafka_contract.REGISTRY_USER)
+    AdminClient(kafka_contract.client_config(bootstrap, registry_login)).list_topics(timeout=10)
+    # a rerun of the users' bootstrap changes nothing (each password already logs in)
+    assert kafka_component.ensure_users(stack.layout) == []
+
+
+def test_the_brokers_admin_password_stays_in_0600_files(stack: Stack) -> None:
+    """The brokers' own login sits in their properties (like a mounted Secret): readable by the
+    stack's user only; the storage format's argument file is gone once the format ran."""
+    conf = stack.layout.conf
+    props = sorted(conf.glob("kafka-*.properties"))
+    assert len(props) == stack.layout.kafka_brokers
+    admin = kafka_component.login(stack.layout, kafka_contract.ADMIN_USER).password
+    for f in props:
+        assert f.stat().st_mode & 0o777 == 0o600, f
+        assert admin in f.read_text()
+    assert not list(conf.glob("kafka-format-*.args"))
+    users = (stack.layout.home / "secrets" / "schema-registry.passwords").stat()
+    assert users.st_mode & 0o777 == 0o600
+
+
+def test_the_registry_refuses_anonymous_calls_and_wrong_logins(stack: Stack) -> None:
+    """Production's registry runs with basic auth; so does the local one, and the deploy step
+    (run by `likes local up`) has registered the event schema under every event topic."""
+    url = f"{stack.registry_url}/subjects"
+    good = stack.registry_login
+    for auth in (None, (good.user, "guess"), ("nobody", good.password)):
+        r = httpx.get(url, auth=auth, timeout=5)
+        assert r.status_code == 401, auth
+        assert r.json() == {"error_code": 401, "message": "Unauthorized"}
+    r = httpx.get(url, auth=(good.user, good.password), timeout=5)
+    assert r.status_code == 200
+    assert {f"{t}-value" for t in events.EVENT_TOPICS} <= set(r.json())
+    client = SchemaRegistryClient(registry.client_config(stack.registry_url, None))
+    with pytest.raises(SchemaRegistryError) as refused:
+        client.get_subjects()
+    assert refused.value.http_status_code == 401

@@ -17,6 +17,8 @@ from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
 
 from services.contracts import clients, events, keys
+from services.schema import registry_schemas
+from services.write.main import create_app
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -60,7 +62,7 @@ def events_for(
 ) -> list[events.LikeEvent]:
     """Consume likes.committed from the beginning; the events of these intents."""
     deser = clients.like_deserializer(clients.schema_registry(stack.settings()))
-    c = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4()}",
+    c = Consumer({**stack.kafka_config(), "group.id": f"t-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
     md = c.list_topics(events.COMMITTED, timeout=10).topics[events.COMMITTED]
     parts = [TopicPartition(events.COMMITTED, p, 0) for p in md.partitions]
@@ -332,3 +334,33 @@ def test_a_replay_from_the_intent_row_returns_the_first_answer(
     assert post_like(app_client, stack, user, post, key=k2)[1] == noop
     assert post_like(app_client, stack, user, noop_post, "unlike", key=k3)[1] == unlike_noop
     assert len(once(events_for(stack, {k1, k2, k3}, want=1, timeout=10))) == 1
+
+
+def test_a_registry_without_the_event_schema_gives_a_clean_503_then_writes_once_registered(
+    stack: Stack, cql: Session
+) -> None:
+    """Producers never register schemas (the deploy step does). The registry answers but does
+    not hold the event schema: the write is refused with 503 + Retry-After and nothing is
+    written or registered; once the registration step ran again the same app writes and
+    publishes with the registered schema."""
+    registry = stack.registry_client()
+    subject = f"{events.COMMITTED}-value"
+    # soft delete: the schema's id stays readable, so consumers of earlier events are unharmed
+    registry.delete_subject(subject)
+    try:
+        with TestClient(create_app(stack.settings())) as c:  # a serializer with nothing cached
+            user, post = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+            status, body, headers = post_like(c, stack, user, post)
+            assert status == 503, body
+            assert "retry-after" in {h.lower() for h in headers}
+            assert edge_state(cql, user, post) is None
+            assert outbox_rows(cql, user) == []
+            assert subject not in registry.get_subjects()  # the writer registered nothing
+            assert registry_schemas.apply(registry, registry_schemas.subjects())
+            status, body, _ = post_like(c, stack, user, post)
+            assert status == 202, body
+            (ev,) = once(events_for(stack, {str(body["intent_uuid"])}, 1))
+            assert (ev.user_id, ev.post_id, ev.action) == (user, post, "like")
+    finally:
+        registry_schemas.apply(registry, registry_schemas.subjects())
+        registry.close()

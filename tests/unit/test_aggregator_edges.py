@@ -204,6 +204,10 @@ PROD_ENDPOINTS: dict[str, Any] = {
     "cassandra_password": "pw",
     "etcd_user": "likes",
     "etcd_password": "pw",
+    "kafka_user": "likes",
+    "kafka_password": "pw",
+    "schema_registry_user": "likes",
+    "schema_registry_password": "pw",
 }
 CLOUDFLARE: dict[str, Any] = {
     "cdn_purger": "cloudflare",

@@ -60,6 +60,10 @@ def endpoints(**overrides: object) -> dict[str, object]:
         "cassandra_password": "from-a-secret",
         "etcd_user": "likes",
         "etcd_password": "from-a-secret",
+        "kafka_user": "likes",
+        "kafka_password": "from-a-secret",
+        "schema_registry_user": "likes",
+        "schema_registry_password": "from-a-secret",
     }
     assert set(values) == set(Settings.ENDPOINTS)  # a new endpoint needs a value here
     values.update(overrides)

@@ -1,4 +1,4 @@
-"""Compatibility decisions of the local schema registry (services.schema_registry.compat).
+"""Compatibility decisions of the local schema registry (local.schema_registry.compat).
 
 BACKWARD: the new schema, as reader, reads data written with the old one(s).
 FORWARD: the old schema(s), as reader, read data written with the new one.
@@ -13,8 +13,8 @@ from typing import Any
 import avro.schema
 import pytest
 
-from services.schema_registry import compat
-from services.schema_registry.compat import Level
+from local.schema_registry import compat
+from local.schema_registry.compat import Level
 
 
 def record(*fields: dict[str, Any], name: str = "Like") -> avro.schema.Schema:

@@ -3,7 +3,14 @@ tests/integration/test_stack.py)."""
 
 from __future__ import annotations
 
-from services.contracts import etcd, keys
+import base64
+
+import pytest
+from fastapi.testclient import TestClient
+
+from local.schema_registry import create_app
+from services.contracts import etcd, events, keys, registry
+from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles, etcd_auth
 
 
@@ -26,3 +33,86 @@ def test_a_password_cannot_end_the_cql_string_it_is_quoted_in() -> None:
 def test_the_services_role_gets_data_permissions_only() -> None:
     assert set(cql_roles.SERVICE_PERMISSIONS) == {"SELECT", "MODIFY"}
     assert cql_roles.SERVICE_ROLE != cql_roles.ADMIN_ROLE != cql_roles.DEFAULT_SUPERUSER
+
+
+def test_a_kafka_client_logs_in_with_scram_only_when_it_has_a_user() -> None:
+    bare = kafka_contract.client_config("k:9092", None)
+    assert bare == {"bootstrap.servers": "k:9092"}
+    conf = kafka_contract.client_config("k:9092", kafka_contract.Credentials("likes", "pw"))
+    assert conf["security.protocol"] == "SASL_PLAINTEXT"
+    assert conf["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert (conf["sasl.username"], conf["sasl.password"]) == ("likes", "pw")
+    assert "pw" not in repr(kafka_contract.Credentials("likes", "pw"))
+
+
+def test_a_jaas_login_line_cannot_be_broken_out_of() -> None:
+    line = kafka_contract.jaas_config(kafka_contract.Credentials("u", 'p"; x="y'))
+    assert line.endswith('password="p\\"; x=\\"y";')
+    assert line.startswith("org.apache.kafka.common.security.scram.ScramLoginModule required ")
+
+
+def test_the_services_kafka_acls_cover_every_platform_topic_and_grant_no_admin() -> None:
+    acls = kafka_contract.service_acls(("us-east-1",))
+    prefixes = [a.name for a in acls if a.type == "topic"]
+    for topic in (*events.EVENT_TOPICS, events.DEAD_LETTER):
+        assert any(topic.startswith(p) for p in prefixes), topic
+        assert any(events.mirrored("us-east-1", topic).startswith(p) for p in prefixes)
+    ops = {op for a in acls for op in a.operations}
+    assert not ops & {"All", "Create", "Delete", "Alter", "AlterConfigs", "ClusterAction"}
+    assert not [a for a in acls if a.type == "cluster"]
+    # Strimzi's shape: a cluster resource carries no name
+    assert kafka_contract.Acl("cluster", "", "literal", ("Describe",)).strimzi() == {
+        "resource": {"type": "cluster"},
+        "operations": ["Describe"],
+    }
+
+
+def test_the_registry_password_file_round_trips_and_refuses_what_it_cannot_hold() -> None:
+    users = [registry.Credentials("likes", "s3cret-_x"), registry.Credentials("ops", "pw")]
+    text = registry.password_file(users)
+    assert text == "likes: s3cret-_x,user\nops: pw,user\n"
+    assert registry.parse_password_file(text) == {"likes": "s3cret-_x", "ops": "pw"}
+    # a user without the role is not admitted
+    assert registry.parse_password_file("x: pw,admin\n") == {}
+    for bad in (registry.Credentials("a:b", "pw"), registry.Credentials("a", "p,w")):
+        with pytest.raises(ValueError):
+            registry.password_file([bad])
+    jaas = registry.jaas_file("/etc/auth/password.properties")
+    assert jaas.startswith(f"{registry.REALM} {{")
+    # Confluent 8 (Jetty 12): the module moved from org.eclipse.jetty.jaas.spi
+    assert "  org.eclipse.jetty.security.jaas.spi.PropertyFileLoginModule required\n" in jaas
+    assert 'file="/etc/auth/password.properties"' in jaas
+
+
+class _EmptyStore:
+    def read_all(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+    def append(self, key, value):  # type: ignore[no-untyped-def]
+        raise AssertionError("nothing is written in this test")
+
+    def close(self) -> None:
+        pass
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+def test_the_local_registry_answers_only_logged_in_calls() -> None:
+    app = create_app(_EmptyStore(), users={"likes": "pw"})  # type: ignore[arg-type]
+    with TestClient(app) as c:
+        refused = (
+            {},
+            _basic("likes", "wrong"),
+            _basic("other", "pw"),
+            {"Authorization": "Basic !!!"},
+            {"Authorization": "Bearer pw"},
+        )
+        for headers in refused:
+            r = c.get("/subjects", headers=headers)
+            assert r.status_code == 401, headers
+            assert r.json() == {"error_code": 401, "message": "Unauthorized"}
+            assert r.headers["www-authenticate"] == f'Basic realm="{registry.REALM}"'
+        assert c.get("/subjects", headers=_basic("likes", "pw")).json() == []

@@ -26,7 +26,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from services.schema_registry import compat
+from local.schema_registry import compat
+from services.contracts import kafka
 
 log = logging.getLogger(__name__)
 
@@ -229,16 +230,18 @@ class KafkaSchemaStore:
         topic: str = "_schemas",
         replication_factor: int | None = None,
         timeout: float = 30.0,
+        login: kafka.Credentials | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.replication_factor = replication_factor
         self.timeout = timeout
         self._common: JSON = {
-            "bootstrap.servers": bootstrap,
+            # the registry's own Kafka user (production's registry logs in the same way)
+            **kafka.client_config(bootstrap, login),
             "client.id": "schema-registry",
             # librdkafka's own messages into our log, not bare lines on stderr
-            "logger": logging.getLogger("services.schema_registry.kafka"),
+            "logger": logging.getLogger("local.schema_registry.kafka"),
         }
         self._producer = Producer(
             {

@@ -3,10 +3,12 @@ confluent-kafka's SchemaRegistryClient and Avro serdes call, with Confluent's er
 
 from __future__ import annotations
 
+import base64
+import hmac
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import Annotated, Any
@@ -21,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.schema_registry import compat
-from services.schema_registry.store import (
+from local.schema_registry import compat
+from local.schema_registry.store import (
     ID_HIGH_WATER_KEY,
     RegistryState,
     SchemaStore,
@@ -31,6 +33,7 @@ from services.schema_registry.store import (
     config_key,
     replay,
 )
+from services.contracts import registry as registry_contract
 
 log = logging.getLogger(__name__)
 
@@ -709,6 +712,36 @@ class _RawPathRouting:
         await self.app(scope, receive, send)
 
 
+class _BasicAuth:
+    """HTTP basic auth on every route, as production's registry runs it (Jetty's JAAS
+    PropertyFileLoginModule): no or wrong credentials get 401 and nothing else."""
+
+    def __init__(self, app: ASGIApp, users: Mapping[str, str]) -> None:
+        self.app = app
+        self.users = dict(users)
+
+    def _allowed(self, header: bytes | None) -> bool:
+        if not header or header[:6].lower() != b"basic ":
+            return False
+        try:
+            decoded = base64.b64decode(header[6:].strip(), validate=True)
+        except ValueError:
+            return False
+        user, sep, password = decoded.partition(b":")
+        want = self.users.get(user.decode("utf-8", errors="replace"))
+        return bool(sep) and want is not None and hmac.compare_digest(password, want.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._allowed(
+            dict(scope["headers"]).get(b"authorization")
+        ):
+            response = _error(401, 401, "Unauthorized")
+            response.headers["WWW-Authenticate"] = f'Basic realm="{registry_contract.REALM}"'
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def _error(status: int, code: int, message: str) -> RegistryJSONResponse:
     return RegistryJSONResponse({"error_code": code, "message": message}, status_code=status)
 
@@ -741,8 +774,9 @@ async def _on_unexpected(_request: Request, exc: Exception) -> Response:
     return _error(500, 50001, f"Internal error: {type(exc).__name__}")
 
 
-def create_app(store: SchemaStore) -> FastAPI:
-    """The registry over `store`; its state is read from the store before the app answers."""
+def create_app(store: SchemaStore, users: Mapping[str, str] | None = None) -> FastAPI:
+    """The registry over `store`; its state is read from the store before the app answers.
+    `users` (name -> password): every call must log in as one of them; None: anonymous."""
     registry = Registry(store)
 
     @asynccontextmanager
@@ -764,4 +798,6 @@ def create_app(store: SchemaStore) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(Exception, _on_unexpected)
     app.add_middleware(_RawPathRouting)
+    if users is not None:
+        app.add_middleware(_BasicAuth, users=users)  # outermost: refused before any routing
     return app
