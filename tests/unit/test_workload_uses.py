@@ -16,7 +16,8 @@ import pytest
 from services.contracts import workloads
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACT_HELPERS = ("clients", "etcd", "auth")  # services/contracts modules taking settings
+# services/contracts modules taking settings
+CONTRACT_HELPERS = ("clients", "etcd", "auth", "kafka", "registry")
 # settings properties that read a server field
 PROPERTIES = {
     "count_cache_startup": "count_cache_nodes",
@@ -41,28 +42,39 @@ def _reads(tree: ast.AST) -> set[str]:
 
 
 def _helper_reads() -> dict[tuple[str, str], set[str]]:
-    """(module, function) -> server fields it reads, following calls inside its module."""
-    out: dict[tuple[str, str], set[str]] = {}
+    """(module, function) -> server fields it reads, following its calls to functions of its
+    own module and of the other helper modules (`kafka.from_settings(...)` inside clients)."""
+    funcs: dict[tuple[str, str], ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    module_aliases: dict[str, dict[str, str]] = {}
     for mod in CONTRACT_HELPERS:
         tree = ast.parse((ROOT / "services" / "contracts" / f"{mod}.py").read_text())
-        funcs = {
-            n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-        }
-        reads = {name: _reads(f) for name, f in funcs.items()}
-        calls = {
-            name: {
-                c.func.id
-                for c in ast.walk(f)
-                if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in funcs
-            }
-            for name, f in funcs.items()
-        }
-        for _ in funcs:  # a fixpoint over the module's call graph
-            for name in funcs:
-                for callee in calls[name]:
-                    reads[name] |= reads[callee]
-        out.update({(mod, name): r for name, r in reads.items()})
-    return out
+        module_aliases[mod] = _aliases(tree)
+        for n in tree.body:
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+                funcs[(mod, n.name)] = n
+    reads = {key: _reads(f) for key, f in funcs.items()}
+    calls: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for (mod, name), f in funcs.items():
+        callees = set()
+        for c in ast.walk(f):
+            if not isinstance(c, ast.Call):
+                continue
+            if isinstance(c.func, ast.Name) and (mod, c.func.id) in funcs:
+                callees.add((mod, c.func.id))
+            elif (
+                isinstance(c.func, ast.Attribute)
+                and isinstance(c.func.value, ast.Name)
+                and c.func.value.id in module_aliases[mod]
+            ):
+                target = (module_aliases[mod][c.func.value.id], c.func.attr)
+                if target in funcs:
+                    callees.add(target)
+        calls[(mod, name)] = callees
+    for _ in funcs:  # a fixpoint over the helpers' call graph
+        for key in funcs:
+            for callee in calls[key]:
+                reads[key] |= reads[callee]
+    return reads
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:
