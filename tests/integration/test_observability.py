@@ -46,7 +46,7 @@ def test_prometheus_loaded_the_rendered_rule_groups(stack: Stack) -> None:
     assert {g["name"] for g in loaded} == {g["name"] for g in program}
     alerting = {r["name"] for g in loaded for r in g["rules"] if r["type"] == "alerting"}
     assert alerting == expected
-    assert alert_rules.WATCHDOG in alerting and len(expected) == 9
+    assert alert_rules.WATCHDOG in alerting and len(expected) == 10
 
 
 def test_prometheus_scrapes_exactly_the_pods_the_program_annotates(stack: Stack) -> None:

@@ -150,7 +150,7 @@ def own_relays(stack: Stack) -> Iterator[tuple[Session, Publisher]]:
 
 def dead_letters(stack: Stack, event_id: str, timeout: float = 30) -> list[dict[str, bytes]]:
     """The headers of likes.dead-letter records that name this outbox event."""
-    c = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4()}",
+    c = Consumer({**stack.kafka_config(), "group.id": f"t-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
     md = c.list_topics(events.DEAD_LETTER, timeout=10).topics[events.DEAD_LETTER]
     parts = [TopicPartition(events.DEAD_LETTER, p, 0) for p in md.partitions]
