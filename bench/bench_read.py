@@ -47,9 +47,9 @@ def baseline_app() -> Any:
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
     from services.contracts import keys
-    from services.contracts.settings import Settings
+    from services.contracts.settings import HotPoolSettings
 
-    settings = Settings()
+    settings = HotPoolSettings()
     rc = RedisCluster(
         startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
         password=settings.redis_auth,
@@ -104,9 +104,9 @@ def sum_baseline_app() -> Any:
     from cassandra.query import PreparedStatement
 
     from services.contracts import clients
-    from services.contracts.settings import Settings
+    from services.contracts.settings import HotPoolSettings
 
-    settings = Settings()
+    settings = HotPoolSettings()
     state: dict[str, Any] = {}
 
     async def query(post_id: str) -> int:
@@ -336,7 +336,7 @@ def main() -> None:
 
     from local import layout, transforms
     from services.contracts import bloom, keys
-    from services.contracts.settings import Settings
+    from services.contracts.settings import HotPoolSettings
 
     lay = layout.from_env()
     # the read service's env exactly as the stack runs it (its rendered spec, transformed)
@@ -344,7 +344,7 @@ def main() -> None:
         p for p in transforms.processes(lay, lay.stack, check=False) if p.workload.name == "read"
     )
     env = {**proc.env, "LIKES_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
-    settings = Settings.model_validate(
+    settings = HotPoolSettings.model_validate(
         {k.removeprefix("LIKES_").lower(): v for k, v in env.items() if k.startswith("LIKES_")}
     )
 
