@@ -8,11 +8,10 @@ credentials, or with wrong ones, is refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import aetcd
 
 from services.contracts import keys
+from services.contracts.logins import Credentials as Credentials
 from services.contracts.settings import Settings
 
 SERVICE_USER = "likes"  # every workload; its role may read and write keys.ETCD_PREFIX only
@@ -24,12 +23,6 @@ ROOT_USER = "root"  # etcd requires it to enable auth; only the bootstrap logs i
 AUTH_SECRET = "etcd-auth"  # SERVICE_USER's password: the workloads' namespace and the data one
 ROOT_SECRET = "etcd-root"  # ROOT_USER's password: the data namespace only (the bootstrap Job)
 PASSWORD_KEY = "password"
-
-
-@dataclass(frozen=True)
-class Credentials:
-    user: str
-    password: str = field(repr=False)
 
 
 def credentials(settings: Settings) -> Credentials | None:

@@ -8,10 +8,11 @@ The program's client listener requires SCRAM (infra/kafka.py); so does the local
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.contracts import events
+from services.contracts.logins import Credentials as Credentials
 from services.contracts.settings import Settings
 
 SECURITY_PROTOCOL = "SASL_PLAINTEXT"  # SASL_SSL once the listener has TLS (issue 9 item 2)
@@ -81,12 +82,6 @@ REGISTRY_ACLS = (
     Acl("group", REGISTRY_GROUP, "literal", ("Read", "Describe")),
     Acl("cluster", "", "literal", ("Describe",)),
 )
-
-
-@dataclass(frozen=True)
-class Credentials:
-    user: str
-    password: str = field(repr=False)
 
 
 def credentials(settings: Settings) -> Credentials | None:

@@ -12,9 +12,9 @@ and the deploy step (services/schema/registry_schemas.py) registers them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
+from services.contracts.logins import Credentials as Credentials
 from services.contracts.settings import Settings
 
 SERVICE_USER = "likes"  # the workloads and the registration Job
@@ -22,12 +22,6 @@ ROLE = "user"  # the one role the registry admits (`authentication.roles`)
 REALM = "SchemaRegistry-Props"  # the JAAS entry naming the login module
 AUTH_SECRET = "schema-registry-auth"  # SERVICE_USER's password: the workloads' and data namespaces
 PASSWORD_KEY = "password"
-
-
-@dataclass(frozen=True)
-class Credentials:
-    user: str
-    password: str = field(repr=False)
 
 
 def credentials(settings: Settings) -> Credentials | None:
