@@ -19,7 +19,6 @@ from typing import Any
 
 import aetcd
 import pytest
-import redis.cluster
 from cassandra.auth import PlainTextAuthProvider
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
@@ -77,14 +76,6 @@ class Stack:
     @property
     def idem_nodes(self) -> list[tuple[str, int]]:
         return [(layout.HOST, p) for p in self.layout.ports.idem_store]
-
-    def idem_cluster(self) -> redis.cluster.RedisCluster:
-        """A cluster client of the idem-store (3 shards, as the program declares it)."""
-        return redis.cluster.RedisCluster(
-            startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in self.idem_nodes],
-            password=self.redis_password,
-            decode_responses=True,
-        )
 
     @property
     def etcd_port(self) -> int:

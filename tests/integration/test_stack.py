@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 from local import transforms
 from local.components import cassandra
 from local.components import kafka as kafka_component
-from services.contracts import etcd, events, keys, registry
+from services.contracts import clients, etcd, events, keys, registry
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles, etcd_auth
 from tests.conftest import Stack
@@ -84,7 +84,7 @@ def test_count_cache_is_a_cluster_serving_keys_in_different_slots(stack: Stack) 
 def test_idem_store_is_aof_and_keeps_keys_across_a_restart(stack: Stack) -> None:
     """Three shards with AOF, as the program declares: keys on every shard survive the whole
     cluster going down (`likes local stop idem-store` stops all six nodes) and coming back."""
-    r = stack.idem_cluster()
+    r = clients.idem_store(stack.settings(), timeout=2.0)
     primaries = [n for n in r.get_nodes() if n.server_type == "primary"]
     assert len(primaries) == 3
     for node in r.get_nodes():
@@ -106,7 +106,7 @@ def test_idem_store_is_aof_and_keeps_keys_across_a_restart(stack: Stack) -> None
             redis.Redis(host=host, port=port, password=stack.redis_password).ping()
     status = stack.up()
     assert all(status[n]["pid"] not in (None, pids_before[n]) for n in names)
-    r = stack.idem_cluster()
+    r = clients.idem_store(stack.settings(), timeout=2.0)
     try:
         assert {k: r.get(k) for k in stored} == stored
         assert all(0 < r.ttl(k) <= 86400 for k in stored)

@@ -113,7 +113,7 @@ def test_like_is_written_published_and_remembered(
     assert edge_state(cql, user, post) == "liked"
     evs = once(events_for(stack, {key}, want=1))
     assert [(e.user_id, e.post_id, e.action, e.delta) for e in evs] == [(user, post, "like", 1)]
-    idem = stack.idem_cluster()
+    idem = clients.idem_store(stack.settings(), timeout=2.0)
     stored = json.loads(idem.get(keys.idem_key(user, post, key)) or "{}")
     assert stored["state"] == "liked" and 0 < idem.ttl(keys.idem_key(user, post, key)) <= 86400
     # the published event's outbox row is cleaned up once Kafka acked it
