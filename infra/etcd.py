@@ -4,6 +4,11 @@ zones (2/2/1), so a zone loss leaves three: quorum holds. The PDB keeps three up
 Authentication is on: a Job runs the repository's applier (services/schema/etcd_auth.py, the one
 the local stack runs) to create root and the services' user, whose role may touch only the
 platform's prefix, and to enable auth. Both passwords come from Secrets, never argv.
+
+TLS on both ports (contracts/tls.py): clients verify the member against the platform's CA (the
+certificate names the client Service and every member's peer name), and members require each
+other's certificate from that CA on the peer port. /health and /metrics stay plain HTTP on the
+metrics port, for the kubelet and Prometheus.
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from infra import tls as tls_infra
 from services.contracts import etcd as etcd_contract
+from services.contracts import tls
 from services.contracts.settings import Settings
 from services.schema import etcd_auth
 
+TLS_DIR = "/etc/etcd/tls"  # the member's certificate Secret (tls.ETCD)
 CLIENT_PORT = 2379
 PEER_PORT = 2380
 METRICS_PORT = 2381
@@ -33,6 +41,7 @@ class EtcdArgs:
     service_password: pulumi.Input[str]  # etcd_contract.SERVICE_USER's
     auth_image: str  # the services image: it holds the applier
     storage_class: str = "gp3"
+    cert_depends_on: tuple[pulumi.Resource, ...] = ()  # the internal CA's issuer
 
 
 def quorum(members: int) -> int:
@@ -41,7 +50,7 @@ def quorum(members: int) -> int:
 
 def initial_cluster(name: str, namespace: str, members: int) -> str:
     peer = f"{name}-peer.{namespace}.svc.cluster.local"
-    return ",".join(f"{name}-{i}=http://{name}-{i}.{peer}:{PEER_PORT}" for i in range(members))
+    return ",".join(f"{name}-{i}=https://{name}-{i}.{peer}:{PEER_PORT}" for i in range(members))
 
 
 class Etcd(pulumi.ComponentResource):
@@ -72,15 +81,28 @@ class Etcd(pulumi.ComponentResource):
         )
         kx.service_account(name, ns, lbls, child)
         peer_host = f"$(POD_NAME).{name}-peer.{ns}.svc.cluster.local"
+        cert = tls_infra.certificate(
+            f"{name}-tls",
+            tls.ETCD.secret,
+            ns,
+            [
+                *tls_infra.service_names(name, ns),
+                f"*.{name}-peer.{ns}.svc",
+                f"*.{name}-peer.{ns}.svc.cluster.local",
+            ],
+            pulumi.ResourceOptions(parent=self, depends_on=list(args.cert_depends_on)),
+            usages=tls_infra.SERVER_AND_CLIENT,  # a member is its peers' client too
+        )
         command = [
             "etcd",
             "--name=$(POD_NAME)",
             "--data-dir=/var/lib/etcd/data",
-            f"--listen-peer-urls=http://0.0.0.0:{PEER_PORT}",
-            f"--listen-client-urls=http://0.0.0.0:{CLIENT_PORT}",
+            f"--listen-peer-urls=https://0.0.0.0:{PEER_PORT}",
+            f"--listen-client-urls=https://0.0.0.0:{CLIENT_PORT}",
             f"--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}",
-            f"--advertise-client-urls=http://{peer_host}:{CLIENT_PORT}",
-            f"--initial-advertise-peer-urls=http://{peer_host}:{PEER_PORT}",
+            f"--advertise-client-urls=https://{peer_host}:{CLIENT_PORT}",
+            f"--initial-advertise-peer-urls=https://{peer_host}:{PEER_PORT}",
+            *server_tls_flags(TLS_DIR),
             f"--initial-cluster={initial_cluster(name, ns, args.members)}",
             "--initial-cluster-state=new",
             f"--initial-cluster-token={name}-{ns}",
@@ -110,7 +132,7 @@ class Etcd(pulumi.ComponentResource):
             liveness_probe=kx.http_probe("/health?serializable=true", METRICS_PORT, delay=10),
             readiness_probe=kx.http_probe("/health", METRICS_PORT),
             security_context=kx.security(),
-            volume_mounts=[kx.mount("data", "/var/lib/etcd")],
+            volume_mounts=[kx.mount("data", "/var/lib/etcd"), kx.mount("tls", TLS_DIR, True)],
         )
         sts = k8s.apps.v1.StatefulSet(
             name,
@@ -131,13 +153,14 @@ class Etcd(pulumi.ComponentResource):
                         node_selector=kx.node_selector("system"),
                         topology_spread_constraints=kx.zone_spread(match),
                         containers=[container],
+                        volumes=[tls_infra.cert_volume("tls", tls.ETCD.secret)],
                     ),
                 ),
                 volume_claim_templates=[
                     kx.pvc_template("data", args.storage_gi, args.storage_class)
                 ],
             ),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[cert]),
         )
         kx.pdb(
             name,
@@ -150,7 +173,7 @@ class Etcd(pulumi.ComponentResource):
         # Names are fixed at declaration, so endpoints are plain strings other components embed.
         self.client_host = f"{name}.{ns}.svc.cluster.local"
         self.client_port = CLIENT_PORT
-        self.client_endpoint = f"http://{self.client_host}:{CLIENT_PORT}"
+        self.client_endpoint = f"https://{self.client_host}:{CLIENT_PORT}"
         self.service = client
         self._auth_job(name, args, sts)
         self.register_outputs({"client_endpoint": self.client_endpoint})
@@ -180,6 +203,7 @@ class Etcd(pulumi.ComponentResource):
                     "etcd_port": CLIENT_PORT,
                     "etcd_user": etcd_contract.SERVICE_USER,
                     "etcd_password": kx.SecretRef(etcd_contract.AUTH_SECRET, key),
+                    "tls_ca_file": tls.CA_FILE,
                 }
             )
         )
@@ -199,7 +223,25 @@ class Etcd(pulumi.ComponentResource):
                     env=env,
                     resources=kx.resources("100m", "128Mi"),
                     security_context=kx.security(),
+                    volume_mounts=[kx.mount("tls", tls.MOUNT_DIR, True)],
                 ),
+                volumes=[tls_infra.ca_volume("tls", tls.ETCD.secret)],
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[sts, *secrets]),
         )
+
+
+def server_tls_flags(cert_dir: str) -> list[str]:
+    """etcd's TLS flags for a member whose certificate files (cert-manager's names) are in
+    `cert_dir`; the local --tls profile runs the same flags (local/components/etcd.py). Clients
+    need no certificate (they log in); peers do."""
+    return [
+        f"--cert-file={cert_dir}/{tls.CERT_KEY}",
+        f"--key-file={cert_dir}/{tls.KEY_KEY}",
+        # no --trusted-ca-file: etcd then requires a client certificate on the client port
+        # (clients log in with a password instead)
+        f"--peer-cert-file={cert_dir}/{tls.CERT_KEY}",
+        f"--peer-key-file={cert_dir}/{tls.KEY_KEY}",
+        f"--peer-trusted-ca-file={cert_dir}/{tls.CA_KEY}",
+        "--peer-client-cert-auth=true",
+    ]

@@ -5,6 +5,10 @@ Every client logs in: the client listener requires SASL/SCRAM-SHA-512, and Strim
 authorization admits each KafkaUser to what services/contracts/kafka.py grants it. The services'
 and the registry's passwords come from the stack's secrets (a Secret the KafkaUser reads);
 MirrorMaker 2's come from the Secret the User Operator generates for its KafkaUser.
+
+The client listener serves TLS with a certificate from the platform's CA (infra/tls.py, Strimzi's
+`brokerCertChainAndKey`), so every client verifies the brokers against the one CA file every
+workload mounts, not against Strimzi's own cluster CA.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from infra import tls as tls_infra
 from infra.config import Peer
 from services.contracts import kafka as kafka_contract
+from services.contracts import tls
 
 API = "kafka.strimzi.io/v1"
 CLUSTER_LABEL = "strimzi.io/cluster"
@@ -27,6 +33,8 @@ DAY_MS = 24 * 3600 * 1000
 EVENT_TOPICS = ("likes.committed", "likes.voided", "likes.unvoided")
 DEAD_LETTER = "likes.dead-letter"
 RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+CLIENT_LISTENER = "clients"
+CLIENT_PORT = 9092
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class KafkaArgs:
     cluster_name: str = "likes"
     storage_class: str = "gp3"
     depends_on: Sequence[pulumi.Resource] = ()
+    cert_depends_on: Sequence[pulumi.Resource] = ()  # the internal CA's issuer
 
 
 def topic_specs(args: KafkaArgs) -> list[TopicSpec]:
@@ -232,14 +241,32 @@ class Kafka(pulumi.ComponentResource):
                     after_operator,
                 )
             )
+        listener_cert = tls_infra.certificate(
+            f"{name}-listener-tls",
+            tls.KAFKA.secret,
+            ns,
+            [
+                *tls_infra.service_names(f"{cluster}-kafka-bootstrap", ns),
+                f"*.{cluster}-kafka-brokers.{ns}.svc",
+                f"*.{cluster}-kafka-brokers.{ns}.svc.cluster.local",
+            ],
+            pulumi.ResourceOptions(parent=self, depends_on=list(args.cert_depends_on)),
+        )
         listeners: list[dict[str, Any]] = [
-            # the clients' listener: every client logs in (TLS comes with issue 9 item 2)
+            # the clients' listener: TLS from the platform's CA, and every client logs in
             {
-                "name": "plain",
-                "port": 9092,
+                "name": CLIENT_LISTENER,
+                "port": CLIENT_PORT,
                 "type": "internal",
-                "tls": False,
+                "tls": True,
                 "authentication": {"type": kafka_contract.STRIMZI_AUTH},
+                "configuration": {
+                    "brokerCertChainAndKey": {
+                        "secretName": tls.KAFKA.secret,
+                        "certificate": tls.CERT_KEY,
+                        "key": tls.KEY_KEY,
+                    }
+                },
             },
             {
                 "name": "tls",
@@ -291,7 +318,9 @@ class Kafka(pulumi.ComponentResource):
                 },
                 "entityOperator": {"topicOperator": {}, "userOperator": {}},
             },
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, *pools]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[*args.depends_on, *pools, listener_cert]
+            ),
         )
         after_kafka = pulumi.ResourceOptions(parent=self, depends_on=[kafka])
         for spec in topic_specs(args):
@@ -310,7 +339,7 @@ class Kafka(pulumi.ComponentResource):
         self._users(name, args, after_kafka)
         for peer in args.peers:
             self._mirror(name, args, peer, after_kafka)
-        self.bootstrap_servers = f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:9092"
+        self.bootstrap_servers = f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:{CLIENT_PORT}"
         self.topics = [t.name for t in topic_specs(args)]
         self.register_outputs({"bootstrap_servers": self.bootstrap_servers, "topics": self.topics})
 
@@ -420,9 +449,17 @@ class Kafka(pulumi.ComponentResource):
                 "replicas": args.mirror_maker_replicas,
                 "target": {
                     "alias": args.region,
-                    "bootstrapServers": f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:9092",
-                    # the target's client listener requires a login too: the User Operator's
-                    # Secret for mirror_user (same namespace)
+                    "bootstrapServers": (
+                        f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:{CLIENT_PORT}"
+                    ),
+                    # the target's client listener serves TLS from the platform's CA and
+                    # requires a login: the User Operator's Secret for mirror_user (same
+                    # namespace)
+                    "tls": {
+                        "trustedCertificates": [
+                            {"secretName": tls.KAFKA.secret, "certificate": tls.CA_KEY}
+                        ]
+                    },
                     "authentication": {
                         "type": kafka_contract.STRIMZI_AUTH,
                         "username": mirror_user(peer.region),

@@ -11,8 +11,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from infra import tls as tls_infra
 from operators.hotkeys import crd
-from services.contracts import workloads
+from services.contracts import tls, workloads
 
 GROUP, VERSION, KIND, PLURAL = crd.GROUP, crd.VERSION, crd.KIND, crd.PLURAL
 WORKLOAD = workloads.HOTKEY_OPERATOR
@@ -24,6 +25,7 @@ class OperatorArgs:
     image: str
     hot_pools: int
     env: Mapping[str, object]  # rendered from the operator's settings class (program.py)
+    cert_depends_on: tuple[pulumi.Resource, ...] = ()  # the internal CA's issuer
 
 
 class Operator(pulumi.ComponentResource):
@@ -113,6 +115,15 @@ class Operator(pulumi.ComponentResource):
             subjects=[rbac.SubjectArgs(kind="ServiceAccount", name=WORKLOAD.name, namespace=ns)],
             opts=child,
         )
+        secret = tls.workload_secret(WORKLOAD.name)
+        cert = tls_infra.certificate(
+            f"{WORKLOAD.name}-tls",
+            secret,
+            ns,
+            tls_infra.service_names(WORKLOAD.name, ns),
+            pulumi.ResourceOptions(parent=self, depends_on=list(args.cert_depends_on)),
+            usages=tls_infra.SERVER_AND_CLIENT,
+        )
         k8s.apps.v1.Deployment(
             WORKLOAD.name,
             metadata=kx.meta(WORKLOAD.name, ns, lbls),
@@ -144,11 +155,13 @@ class Operator(pulumi.ComponentResource):
                                 ),
                                 readiness_probe=kx.http_probe(WORKLOAD.ready_path, WORKLOAD.port),
                                 security_context=kx.security(),
+                                volume_mounts=[kx.mount("tls", tls.MOUNT_DIR, True)],
                             )
                         ],
+                        volumes=[tls_infra.cert_volume("tls", secret)],
                     ),
                 ),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[definition]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[definition, cert]),
         )
         self.register_outputs({"crd_name": self.crd_name})

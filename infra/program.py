@@ -27,10 +27,11 @@ from infra import (
     services,
 )
 from infra import k8s as kx
+from infra import tls as tls_infra
 from services.contracts import etcd as etcd_contract
 from services.contracts import kafka as kafka_contract
 from services.contracts import registry as registry_contract
-from services.contracts import workloads
+from services.contracts import tls, workloads
 from services.schema import cql_roles
 
 
@@ -58,6 +59,12 @@ def main() -> None:
     in_cluster = pulumi.ResourceOptions(providers=[eks.provider])
     plat = platform.Platform("platform", platform.PlatformArgs(cfg.environment), in_cluster)
     ns = plat.namespaces
+    internal_ca = tls_infra.InternalCa(
+        "internal-ca",
+        platform.NS_OPERATORS,
+        pulumi.ResourceOptions(providers=[eks.provider], depends_on=plat.operators),
+    )
+    issuer = (internal_ca.issuer,)
     secret_password = pulumi.Output.secret(cfg.redis_password.get_secret_value())
     etcd_password = pulumi.Output.secret(cfg.etcd_password.get_secret_value())
     scylla_password = pulumi.Output.secret(cfg.scylla_password.get_secret_value())
@@ -104,6 +111,7 @@ def main() -> None:
             registry_password=pulumi.Output.secret(cfg.kafka_registry_password.get_secret_value()),
             peers=cfg.peers,
             depends_on=[*plat.operators, ns[platform.NS_DATA]],
+            cert_depends_on=issuer,
         ),
         in_cluster,
     )
@@ -127,6 +135,7 @@ def main() -> None:
             admin_password=pulumi.Output.secret(cfg.scylla_admin_password.get_secret_value()),
             service_password=scylla_password,
             depends_on=[*plat.operators, ns[platform.NS_DATA]],
+            cert_depends_on=issuer,
         ),
         in_cluster,
     )
@@ -140,6 +149,7 @@ def main() -> None:
             root_password=pulumi.Output.secret(cfg.etcd_root_password.get_secret_value()),
             service_password=etcd_password,
             auth_image=image,
+            cert_depends_on=issuer,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_DATA]]),
     )
@@ -151,6 +161,7 @@ def main() -> None:
             password=registry_password,
             registration_image=image,
             depends_on=[ns[platform.NS_DATA], spine],
+            cert_depends_on=issuer,
         ),
         in_cluster,
     )
@@ -215,6 +226,7 @@ def main() -> None:
             cassandra_password=scylla_password,
             kafka_password=kafka_password,
             registry_password=registry_password,
+            cert_depends_on=issuer,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_APPS]]),
     )
@@ -225,6 +237,7 @@ def main() -> None:
             image=cfg.services.operator_image,
             hot_pools=cfg.redis.hot_pools,
             env=env[workloads.HOTKEY_OPERATOR.name],
+            cert_depends_on=issuer,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[apps]),
     )
@@ -312,6 +325,9 @@ def workload_env(
         "jwks_url": g.jwks_uri,
         "jwt_issuer": g.jwt_issuer,
         "jwt_audience": g.jwt_audience,
+        # every internal server's certificate comes from the platform's CA (infra/tls.py);
+        # each workload's certificate Secret, mounted, carries it
+        "tls_ca_file": tls.CA_FILE,
     }
     extra: dict[str, dict[str, object]] = {
         workloads.HOTKEY_SAMPLER.name: {"sampler_mirror_percent": g.mirror_percent},

@@ -5,6 +5,11 @@ Every call logs in (HTTP basic auth: Jetty's PropertyFileLoginModule over a pass
 Secret), and the registry logs in to Kafka as its own SCRAM user. Producers never register
 schemas (`auto.register.schemas` off): a Job runs the repository's applier
 (services/schema/registry_schemas.py, the one the local stack runs) once the registry answers.
+
+HTTPS only, with a certificate from the platform's CA (infra/tls.py). Jetty reads no PEM
+keystore (confluentinc/schema-registry#2905), so cert-manager also writes the certificate as a
+PKCS#12 keystore; the registry reaches Kafka's TLS listener with the CA as a PEM truststore
+(Kafka's Java client reads PEM).
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from infra import tls as tls_infra
 from services.contracts import kafka as kafka_contract
 from services.contracts import registry as registry_contract
+from services.contracts import tls
 from services.contracts.settings import Settings
 from services.schema import registry_schemas
 
@@ -29,6 +36,11 @@ AUTH_DIR = "/etc/schema-registry/auth"  # the login Secret's files (the image wr
 JAAS_FILE = "jaas.conf"  # beside them, under /etc/schema-registry)
 PASSWORD_FILE = "password.properties"
 LOGIN_SECRET = "schema-registry-login"  # JAAS_FILE and PASSWORD_FILE: the registry's own
+TLS_DIR = "/etc/schema-registry/tls"  # its certificate Secret (tls.REGISTRY)
+KEYSTORE_FILE = "keystore.p12"  # cert-manager's name for the PKCS#12 keystore it adds
+# cert-manager requires a password for the PKCS#12 keystore; it guards a file the certificate
+# Secret already guards, so it is the registry's own login password (not a new secret to rotate)
+KEYSTORE_PASSWORD_SECRET = registry_contract.AUTH_SECRET
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ class SchemaRegistryArgs:
     replicas: int = 2
     image: str = "confluentinc/cp-schema-registry:8.1.0"
     depends_on: Sequence[pulumi.Resource] = ()
+    cert_depends_on: Sequence[pulumi.Resource] = ()  # the internal CA's issuer
 
 
 def _password_file(password: str) -> str:
@@ -82,10 +95,26 @@ class SchemaRegistry(pulumi.ComponentResource):
                 opts=child,
             ),
         ]
+        cert = tls_infra.certificate(
+            f"{name}-tls",
+            tls.REGISTRY.secret,
+            ns,
+            tls_infra.service_names(name, ns),
+            pulumi.ResourceOptions(parent=self, depends_on=[*args.cert_depends_on, *secrets]),
+            keystore_password=(KEYSTORE_PASSWORD_SECRET, registry_contract.PASSWORD_KEY),
+        )
+        keystore_password = kx.SecretRef(KEYSTORE_PASSWORD_SECRET, registry_contract.PASSWORD_KEY)
         env = kx.env(
             {
                 "SCHEMA_REGISTRY_HOST_NAME": f"{name}.{ns}.svc.cluster.local",
-                "SCHEMA_REGISTRY_LISTENERS": f"http://0.0.0.0:{PORT}",
+                "SCHEMA_REGISTRY_LISTENERS": f"https://0.0.0.0:{PORT}",
+                "SCHEMA_REGISTRY_SSL_KEYSTORE_TYPE": "PKCS12",
+                "SCHEMA_REGISTRY_SSL_KEYSTORE_LOCATION": f"{TLS_DIR}/{KEYSTORE_FILE}",
+                "SCHEMA_REGISTRY_SSL_KEYSTORE_PASSWORD": keystore_password,
+                "SCHEMA_REGISTRY_SSL_KEY_PASSWORD": keystore_password,
+                "SCHEMA_REGISTRY_SSL_ENABLED_PROTOCOLS": "TLSv1.3,TLSv1.2",
+                "SCHEMA_REGISTRY_KAFKASTORE_SSL_TRUSTSTORE_TYPE": "PEM",
+                "SCHEMA_REGISTRY_KAFKASTORE_SSL_TRUSTSTORE_LOCATION": f"{TLS_DIR}/{tls.CA_KEY}",
                 "SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS": args.kafka_bootstrap,
                 "SCHEMA_REGISTRY_KAFKASTORE_TOPIC": kafka_contract.REGISTRY_TOPIC,
                 "SCHEMA_REGISTRY_KAFKASTORE_TOPIC_REPLICATION_FACTOR": "3",
@@ -117,7 +146,10 @@ class SchemaRegistry(pulumi.ComponentResource):
             readiness_probe=kx.tcp_probe(PORT, delay=10),
             # The image writes its rendered config under /etc/schema-registry at start.
             security_context=kx.security(read_only=False, uid=1000),
-            volume_mounts=[kx.mount("login", AUTH_DIR, read_only=True)],
+            volume_mounts=[
+                kx.mount("login", AUTH_DIR, read_only=True),
+                kx.mount("tls", TLS_DIR, read_only=True),
+            ],
         )
         deploy = k8s.apps.v1.Deployment(
             name,
@@ -140,15 +172,20 @@ class SchemaRegistry(pulumi.ComponentResource):
                                 secret=kx.core.SecretVolumeSourceArgs(
                                     secret_name=LOGIN_SECRET, default_mode=0o440
                                 ),
-                            )
+                            ),
+                            kx.secret_volume(
+                                "tls",
+                                tls.REGISTRY.secret,
+                                {k: k for k in (tls.CA_KEY, KEYSTORE_FILE)},
+                            ),
                         ],
                     ),
                 ),
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, *secrets]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, *secrets, cert]),
         )
         kx.pdb(name, ns, match, lbls, child, max_unavailable=1)
-        self.url = f"http://{name}.{ns}.svc.cluster.local:{PORT}"
+        self.url = f"https://{name}.{ns}.svc.cluster.local:{PORT}"
         subject_schemas = registry_schemas.subjects()
         self._registration_job(name, args, subject_schemas, [deploy, *secrets])
         self.subjects = sorted(subject_schemas)
@@ -174,6 +211,7 @@ class SchemaRegistry(pulumi.ComponentResource):
                     "schema_registry_password": kx.SecretRef(
                         registry_contract.AUTH_SECRET, registry_contract.PASSWORD_KEY
                     ),
+                    "tls_ca_file": tls.CA_FILE,
                 }
             )
         )
@@ -192,7 +230,9 @@ class SchemaRegistry(pulumi.ComponentResource):
                     env=env,
                     resources=kx.resources("100m", "128Mi"),
                     security_context=kx.security(),
+                    volume_mounts=[kx.mount("tls", tls.MOUNT_DIR, read_only=True)],
                 ),
+                volumes=[tls_infra.ca_volume("tls", tls.REGISTRY.secret)],
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )

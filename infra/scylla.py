@@ -6,6 +6,10 @@ Logins are required (PasswordAuthenticator, CassandraAuthorizer): the Job create
 and the services' role, which may read and write the platform's keyspace only, and drops the
 default superuser (services/schema/cql_roles.py, the applier the local stack runs too). The
 passwords come from Secrets; the scylla.yaml ConfigMap holds none.
+
+The client port serves only TLS (client_encryption_options), with a certificate from the
+platform's CA (infra/tls.py) mounted into every member; clients verify the chain (contracts/tls.py
+says why not the name).
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from infra import tls as tls_infra
+from services.contracts import tls
+from services.contracts.settings import Settings
 from services.schema import cql_roles, migrate
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -26,8 +33,18 @@ CQL_DIR = REPO_ROOT / "services" / "schema" / "cql"
 CQL_MOUNT = "/schema/cql"
 CQL_PORT = 9042  # the native protocol port clients connect to
 CONFIG_MAP = "scylla-config"  # the racks' scyllaConfig: scylla.yaml overrides
-# Merged over the image's scylla.yaml by the operator. Nothing secret in it.
-SCYLLA_YAML = "authenticator: PasswordAuthenticator\nauthorizer: CassandraAuthorizer\n"
+TLS_DIR = "/etc/scylla/tls"  # each member's certificate Secret (tls.SCYLLA)
+# Merged over the image's scylla.yaml by the operator. Nothing secret in it (the key is a file).
+SCYLLA_YAML = (
+    "authenticator: PasswordAuthenticator\n"
+    "authorizer: CassandraAuthorizer\n"
+    "client_encryption_options:\n"
+    "  enabled: true\n"
+    f"  certificate: {TLS_DIR}/{tls.CERT_KEY}\n"
+    f"  keyfile: {TLS_DIR}/{tls.KEY_KEY}\n"
+    f"  truststore: {TLS_DIR}/{tls.CA_KEY}\n"
+    "  require_client_auth: false\n"
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,7 @@ class ScyllaArgs:
     storage_class: str = "gp3"
     cql_dir: Path = CQL_DIR
     depends_on: Sequence[pulumi.Resource] = ()
+    cert_depends_on: Sequence[pulumi.Resource] = ()  # the internal CA's issuer
 
 
 def replication(args: ScyllaArgs) -> dict[str, int]:
@@ -80,7 +98,9 @@ class Scylla(pulumi.ComponentResource):
                     "capacity": f"{args.storage_gi}Gi",
                     "storageClassName": args.storage_class,
                 },
-                "scyllaConfig": CONFIG_MAP,  # logins required
+                "scyllaConfig": CONFIG_MAP,  # logins and TLS required
+                "volumes": [{"name": "tls", "secret": {"secretName": tls.SCYLLA.secret}}],
+                "volumeMounts": [{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}],
                 # Scylla wants guaranteed QoS (requests == limits) to pin its shards to cores.
                 "resources": {
                     "requests": {"cpu": args.cpu, "memory": memory},
@@ -138,13 +158,23 @@ class Scylla(pulumi.ComponentResource):
                 (cql_roles.AUTH_SECRET, args.service_password),
             )
         ]
+        client_service = f"{cluster}-client"
+        cert = tls_infra.certificate(
+            f"{name}-tls",
+            tls.SCYLLA.secret,
+            ns,
+            [*tls_infra.service_names(client_service, ns), f"*.{ns}.svc"],
+            pulumi.ResourceOptions(parent=self, depends_on=list(args.cert_depends_on)),
+        )
         scylla = k8s.apiextensions.CustomResource(
             f"{name}-cluster",
             api_version="scylla.scylladb.com/v1",
             kind="ScyllaCluster",
             metadata=kx.meta(cluster, ns, {kx.TIER_LABEL: "datastore"}),
             spec=spec,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*args.depends_on, scylla_config]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[*args.depends_on, scylla_config, cert]
+            ),
         )
         lbls = kx.labels("schema-migration", "schema-migration", "job")
         files = cql_files(args.cql_dir)
@@ -156,7 +186,7 @@ class Scylla(pulumi.ComponentResource):
             data=files,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        self.contact_points = f"{cluster}-client.{ns}.svc.cluster.local"
+        self.contact_points = f"{client_service}.{ns}.svc.cluster.local"
         self.datacenter = args.datacenter
         rf = replication(args)
         # The Job's name carries a hash of the CQL: a schema change runs a new Job (Jobs are
@@ -183,14 +213,21 @@ class Scylla(pulumi.ComponentResource):
                             migrate.SERVICE_PASSWORD_ENV: kx.SecretRef(
                                 cql_roles.AUTH_SECRET, cql_roles.PASSWORD_KEY
                             ),
+                            Settings.env_name("tls_ca_file"): tls.CA_FILE,
                             "PYTHONDONTWRITEBYTECODE": "1",
                         }
                     ),
                     resources=kx.resources("250m", "256Mi"),
                     security_context=kx.security(),
-                    volume_mounts=[kx.mount("cql", CQL_MOUNT, read_only=True)],
+                    volume_mounts=[
+                        kx.mount("cql", CQL_MOUNT, read_only=True),
+                        kx.mount("tls", tls.MOUNT_DIR, read_only=True),
+                    ],
                 ),
-                volumes=[kx.config_volume("cql", "scylla-cql")],
+                volumes=[
+                    kx.config_volume("cql", "scylla-cql"),
+                    tls_infra.ca_volume("tls", tls.SCYLLA.secret),
+                ],
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[scylla, cql, *secrets]),
         )

@@ -11,8 +11,9 @@ import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
 from infra import observability
+from infra import tls as tls_infra
 from infra.config import ServiceScale
-from services.contracts import etcd, registry, workloads
+from services.contracts import etcd, registry, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles
 
@@ -48,6 +49,7 @@ class ServicesArgs:
     cassandra_password: pulumi.Input[str]
     kafka_password: pulumi.Input[str]
     registry_password: pulumi.Input[str]
+    cert_depends_on: tuple[pulumi.Resource, ...] = ()  # the internal CA's issuer
 
 
 def service_specs(
@@ -117,7 +119,16 @@ class Services(pulumi.ComponentResource):
             liveness_probe=kx.http_probe(workloads.HEALTH_PATH, port, delay=5),
             readiness_probe=kx.http_probe(spec.workload.ready_path, port, period=5),
             security_context=kx.security(),
-            volume_mounts=[kx.mount("tmp", "/tmp")],
+            volume_mounts=[kx.mount("tmp", "/tmp"), kx.mount("tls", tls.MOUNT_DIR, True)],
+        )
+        secret = tls.workload_secret(spec.name)
+        cert = tls_infra.certificate(
+            f"{spec.name}-tls",
+            secret,
+            ns,
+            tls_infra.service_names(spec.name, ns),
+            pulumi.ResourceOptions(parent=self, depends_on=list(args.cert_depends_on)),
+            usages=tls_infra.SERVER_AND_CLIENT,
         )
         k8s.apps.v1.Deployment(
             spec.name,
@@ -141,11 +152,13 @@ class Services(pulumi.ComponentResource):
                         node_selector=kx.node_selector("services"),
                         topology_spread_constraints=kx.zone_spread(match),
                         containers=[container],
-                        volumes=[kx.empty_dir("tmp")],
+                        volumes=[kx.empty_dir("tmp"), tls_infra.cert_volume("tls", secret)],
                     ),
                 ),
             ),
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["spec.replicas"]),
+            opts=pulumi.ResourceOptions(
+                parent=self, ignore_changes=["spec.replicas"], depends_on=[cert]
+            ),
         )
         kx.hpa(
             spec.name,

@@ -24,9 +24,12 @@ err = Console(stderr=True)
 
 
 def _supervisor(
-    kafka_brokers: int | None = None, stack: str | None = None, strict: bool = False
+    kafka_brokers: int | None = None,
+    stack: str | None = None,
+    strict: bool = False,
+    tls: bool | None = None,
 ) -> supervisor.Supervisor:
-    lay = layout.from_env(kafka_brokers, stack)
+    lay = layout.from_env(kafka_brokers, stack, tls)
     return supervisor.Supervisor(lay, components.build(lay, strict=strict))
 
 
@@ -68,6 +71,16 @@ def up(
             "stack gets its own data folder, .stack-<name>)."
         ),
     ] = None,
+    tls: Annotated[
+        bool | None,
+        typer.Option(
+            "--tls/--no-tls",
+            help="The TLS profile: etcd, Kafka, Cassandra and the schema registry serve TLS "
+            "from a CA made at the first start (<stack home>/tls), as the program's servers "
+            "do, and every client verifies them. Default: what the stack was last started "
+            "with (plaintext for a new one).",
+        ),
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the final status as JSON.")
     ] = False,
@@ -96,10 +109,19 @@ def up(
             "run `likes local down --wipe` before changing --kafka-brokers"
         )
         raise typer.Exit(2)
+    recorded_tls = layout.recorded_tls(lay.home)
+    changes_tls = tls is not None and recorded_tls is not None and tls != recorded_tls
+    if changes_tls and _supervisor(stack=lay.stack).running():
+        was, now = ("TLS", "plaintext") if recorded_tls else ("plaintext", "TLS")
+        err.print(
+            f"[red]error:[/] this stack ({lay.home}) is running {was}; "
+            f"run `likes local down` before starting it {now}"
+        )
+        raise typer.Exit(2)
     if not rendered.cache_path(lay.stack).exists():
         console.print(f"rendering the {lay.stack} stack of the Pulumi program (mocks)…")
     try:
-        sup = _supervisor(kafka_brokers or recorded, lay.stack, strict=True)
+        sup = _supervisor(kafka_brokers or recorded, lay.stack, strict=True, tls=tls)
     except transforms.Disagreement as e:
         err.print(
             f"[red]error:[/] the program and the code disagree: workload [bold]{e.workload}[/], "

@@ -50,6 +50,11 @@ class Ports:
         return self._p(2380)
 
     @property
+    def etcd_metrics(self) -> int:
+        """/health and /metrics, plain HTTP in both profiles (as the program's METRICS_PORT)."""
+        return self._p(2381)
+
+    @property
     def kafka_brokers(self) -> list[int]:
         return [self._p(29092 + i) for i in range(3)]
 
@@ -153,6 +158,9 @@ class Layout:
     ports: Ports
     kafka_brokers: int = 3
     stack: str = "staging"  # the Pulumi stack whose render the workloads run
+    # the --tls profile: etcd, Kafka, Cassandra and the registry serve TLS from a local CA, as
+    # the program's servers do (local/tls.py); off: plaintext (quick starts, benchmarks)
+    tls: bool = False
 
     @property
     def data(self) -> Path:
@@ -202,7 +210,9 @@ def default_home(stack: str) -> Path:
     return REPO_ROOT / (".stack" if stack == DEFAULT_STACK else f".stack-{stack}")
 
 
-def from_env(kafka_brokers: int | None = None, stack: str | None = None) -> Layout:
+def from_env(
+    kafka_brokers: int | None = None, stack: str | None = None, tls: bool | None = None
+) -> Layout:
     """The stack named by LIKES_HOME / LIKES_PORT_OFFSET (and LIKES_STACK); what an existing
     stack was created with (broker count, Pulumi stack) wins over defaults, so `status` and
     `down` see the same servers as `up`."""
@@ -217,7 +227,9 @@ def from_env(kafka_brokers: int | None = None, stack: str | None = None) -> Layo
         except (KeyError, ValueError):
             kafka_brokers = int(os.environ.get("LIKES_KAFKA_BROKERS", "3"))
     stack = stack or str(profile.get("stack") or DEFAULT_STACK)
-    return Layout(home=home, ports=Ports(offset), kafka_brokers=kafka_brokers, stack=stack)
+    if tls is None:
+        tls = bool(profile.get("tls", False))
+    return Layout(home=home, ports=Ports(offset), kafka_brokers=kafka_brokers, stack=stack, tls=tls)
 
 
 def recorded_brokers(home: Path) -> int | None:
@@ -232,8 +244,15 @@ def recorded_stack(home: Path) -> str | None:
     return str(value) if value else None
 
 
+def recorded_tls(home: Path) -> bool | None:
+    value = _profile(home).get("tls")
+    return None if value is None else bool(value)
+
+
 def record_profile(layout: Layout) -> None:
     layout.home.mkdir(parents=True, exist_ok=True)
     (layout.home / PROFILE).write_text(
-        json.dumps({"kafka_brokers": layout.kafka_brokers, "stack": layout.stack})
+        json.dumps(
+            {"kafka_brokers": layout.kafka_brokers, "stack": layout.stack, "tls": layout.tls}
+        )
     )

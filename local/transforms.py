@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from local import issuer, rendered
-from local.components import kafka
+from local import tls as local_tls
+from local.components import kafka, schema_registry
 from local.layout import HOST, Layout
-from services.contracts import etcd, registry, topics, workloads
+from services.contracts import etcd, registry, tls, topics, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts.settings import UnknownVariable
 from services.schema import cql_roles
@@ -82,6 +83,14 @@ TRANSFORMS: tuple[Transform, ...] = (
         "Kopf (`kopf run ... -m operators.hotkeys.handlers`) -> its reconcile loop "
         "`python -m operators.hotkeys` with the same env",
         "no Kubernetes API here; the Kopf wiring is tested against kmock",
+    ),
+    Transform(
+        "tls",
+        "env",
+        f"the mounted CA ({tls.CA_FILE}) -> the local CA's file (the --tls profile), or empty "
+        "(the quick profile: plaintext to etcd, Kafka, Cassandra and the registry)",
+        "cert-manager's Secrets are files of the stack's home here; plaintext starts faster and "
+        "is what the benchmarks measure",
     ),
     Transform("replicas", "replicas", "replicas and HPA bounds -> 1 process", "one machine"),
     Transform(
@@ -170,11 +179,16 @@ def _addresses(layout: Layout) -> dict[str, str | None]:
         "cassandra_port": str(p.cassandra_native),
         "cassandra_local_dc": "datacenter1",  # SimpleSnitch's only datacenter
         "kafka_bootstrap": kafka.bootstrap_servers(layout),
-        "schema_registry_url": f"http://{HOST}:{p.schema_registry}",
+        "schema_registry_url": schema_registry.url(layout),
         "etcd_host": HOST,
         "etcd_port": str(p.etcd_client),
         "hot_pools": ",".join(f"{HOST}:{x}" for x in p.hot_pools),
     }
+
+
+def _tls(layout: Layout) -> dict[str, str | None]:
+    # empty: plaintext, said explicitly (a staging or prod settings class refuses an unset CA)
+    return {"tls_ca_file": str(local_tls.ca_file(layout)) if layout.tls else ""}
 
 
 def _external(layout: Layout) -> dict[str, str | None]:
@@ -237,9 +251,10 @@ def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) 
     cls = w.settings_class()
     by_env = {cls.env_name(f): v for f, v in _addresses(layout).items() if f in cls.model_fields}
     external = {cls.env_name(f): v for f, v in _external(layout).items() if f in cls.model_fields}
+    tls_files = {cls.env_name(f): v for f, v in _tls(layout).items() if f in cls.model_fields}
     values = stack_secrets(layout)
     env: dict[str, str] = {}
-    applied: dict[str, list[str]] = {t: [] for t in ("service-address", "external-endpoint")}
+    applied: dict[str, list[str]] = {t: [] for t in ("service-address", "external-endpoint", "tls")}
     applied["secret"] = []
     for name, value in c.env.items():
         if isinstance(value, rendered.SecretRef):
@@ -251,6 +266,12 @@ def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) 
         if name in external:
             applied["external-endpoint"].append(name)
             new = external[name]
+            if new is not None:
+                env[name] = new
+            continue
+        if name in tls_files:
+            applied["tls"].append(name)
+            new = tls_files[name]
             if new is not None:
                 env[name] = new
             continue

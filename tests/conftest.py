@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,8 @@ from cassandra.auth import PlainTextAuthProvider
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from local import components, layout, supervisor, transforms
-from services.contracts import etcd, kafka, registry
+from local import tls as local_tls
+from services.contracts import etcd, kafka, registry, tls
 from services.contracts.settings import HotPoolSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +96,24 @@ class Stack:
 
     @property
     def registry_url(self) -> str:
-        return f"http://{layout.HOST}:{self.layout.ports.schema_registry}"
+        from local.components import schema_registry as registry_component
+
+        return registry_component.url(self.layout)
+
+    @property
+    def ca_file(self) -> str | None:
+        """The stack's CA (the test stack runs the --tls profile, as production serves TLS)."""
+        return str(local_tls.ca_file(self.layout)) if self.layout.tls else None
+
+    @property
+    def cassandra_ssl(self) -> ssl.SSLContext | None:
+        """A driver session's TLS to the stack's Cassandra (what clients.cassandra_tls builds)."""
+        return tls.client_context(self.ca_file, check_hostname=False) if self.ca_file else None
+
+    @property
+    def registry_verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify` for the stack's registry."""
+        return tls.client_context(self.ca_file) if self.ca_file else True
 
     def service_url(self, name: str) -> str:
         """URL of one of our services (write, read, ...) as the stack runs it."""
@@ -151,7 +170,7 @@ class Stack:
 
     def etcd(self, timeout: float = 2.0) -> aetcd.Client:
         """A client of the stack's etcd, logged in as the services are."""
-        return etcd.client(self.host, self.etcd_port, self.etcd_credentials, timeout)
+        return etcd.client(self.host, self.etcd_port, self.etcd_credentials, timeout, self.ca_file)
 
     @property
     def kafka_login(self) -> kafka.Credentials:
@@ -163,7 +182,7 @@ class Stack:
     def kafka_config(self) -> dict[str, Any]:
         """A Kafka client's connection settings, logged in as the services are (the local
         brokers run no authorizer: this user may also create and delete test topics)."""
-        return kafka.client_config(self.kafka_bootstrap, self.kafka_login)
+        return kafka.client_config(self.kafka_bootstrap, self.kafka_login, self.ca_file)
 
     @property
     def registry_login(self) -> registry.Credentials:
@@ -174,7 +193,9 @@ class Stack:
 
     def registry_client(self) -> SchemaRegistryClient:
         """confluent-kafka's registry client, logged in as the services are."""
-        return SchemaRegistryClient(registry.client_config(self.registry_url, self.registry_login))
+        return SchemaRegistryClient(
+            registry.client_config(self.registry_url, self.registry_login, ca_file=self.ca_file)
+        )
 
     @property
     def gateway_url(self) -> str:
@@ -205,8 +226,15 @@ def stack() -> Iterator[Stack]:
         )
         if TEST_HOME.exists():
             shutil.rmtree(TEST_HOME)
+    # the TLS profile: every test talks to etcd, Kafka, Cassandra and the registry over TLS,
+    # as the program's clients do (LIKES_TEST_TLS=0: plaintext, to compare)
+    profile = "--no-tls" if os.environ.get("LIKES_TEST_TLS") == "0" else "--tls"
     first = subprocess.run(
-        [LIKES, "local", "up", "--json"], env=env, capture_output=True, text=True, timeout=900
+        [LIKES, "local", "up", profile, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     home = TEST_HOME.resolve()
     brokers = layout.recorded_brokers(home) or 3
@@ -215,6 +243,7 @@ def stack() -> Iterator[Stack]:
         ports=layout.Ports(TEST_OFFSET),
         kafka_brokers=brokers,
         stack=layout.recorded_stack(home) or layout.DEFAULT_STACK,
+        tls=bool(layout.recorded_tls(home)),
     )
     s = Stack(layout=lay, env=env, first_up=first)
     if first.returncode != 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import ssl
 import string
 import subprocess
 from pathlib import Path
@@ -22,8 +23,10 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, S
 from cassandra.policies import WhiteListRoundRobinPolicy
 
 from local import maven
+from local import tls as local_tls
 from local.components.base import Component, ProbeFailed, Server, tcp_probe
 from local.layout import HOST, REPO_ROOT, Layout
+from services.contracts import tls
 from services.schema import cql_apply, cql_roles
 
 CONF_DIR = REPO_ROOT / "local" / "cassandra"
@@ -122,10 +125,15 @@ def service_login(layout: Layout) -> tuple[str, str]:
 
 
 def connect(
-    host: str, port: int, timeout: float = 10.0, login: tuple[str, str] | None = None
+    host: str,
+    port: int,
+    timeout: float = 10.0,
+    login: tuple[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[Cluster, Session]:
     """A driver session pinned to one node, without the schema/token metadata fetches that make a
-    first connect slow, logged in as `login` (user, password). The caller shuts it down."""
+    first connect slow, logged in as `login` (user, password), over TLS with `ssl_context`. The
+    caller shuts it down."""
     profile = ExecutionProfile(
         load_balancing_policy=WhiteListRoundRobinPolicy([host]), request_timeout=timeout
     )
@@ -139,6 +147,7 @@ def connect(
         schema_metadata_enabled=False,
         token_metadata_enabled=False,
         auth_provider=PlainTextAuthProvider(*login) if login else None,
+        ssl_context=ssl_context,
     )
     try:
         return cluster, cluster.connect()
@@ -174,6 +183,13 @@ class Cassandra(Component):
     def cds_dir(self) -> Path:
         # Beside the Maven classpaths: shared by every stack of this checkout, survives a wipe.
         return self.layout.cache / "cds"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client's TLS to this node in the --tls profile (as clients.cassandra_tls builds)."""
+        if not self.layout.tls:
+            return None
+        return tls.client_context(str(local_tls.ca_file(self.layout)), check_hostname=False)
 
     @property
     def native_port(self) -> int:
@@ -227,11 +243,30 @@ class Cassandra(Component):
             storage_port=self.layout.ports.cassandra_storage,
             native_port=self.native_port,
             data=self.data_dir,
+            client_encryption=self._client_encryption(),
         )
         _write_if_changed(self.yaml_file, yaml_text)
         classpath = maven.resolve("cassandra")
         _write_if_changed(self._argfile, f"-cp\n{classpath}\n")
         self._prepare_class_data_sharing(classpath)
+
+    def _client_encryption(self) -> str:
+        """The --tls profile: the native port serves only TLS, from the local CA's PEM keystore
+        (Cassandra 5's PEMBasedSslContextFactory; production's Scylla: infra/scylla.py)."""
+        if not self.layout.tls:
+            return ""
+        local_tls.ensure(self.layout)
+        keystore = local_tls.server_dir(self.layout, tls.SCYLLA) / local_tls.KEYSTORE
+        return (
+            "client_encryption_options:\n"
+            "  enabled: true\n"
+            "  optional: false\n"
+            "  require_client_auth: false\n"
+            "  ssl_context_factory:\n"
+            "    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory\n"
+            f"  keystore: {keystore}\n"
+            "  accepted_protocols: [TLSv1.2, TLSv1.3]\n"
+        )
 
     def _prepare_class_data_sharing(self, classpath: str) -> None:
         """AppCDS: a start that maps an archive of the classes Cassandra loads was 25-35 % faster
@@ -297,12 +332,13 @@ class Cassandra(Component):
         """A session as the admin role; before the first bootstrap made it, as the default
         superuser (the server creates that a moment after it opens its port)."""
         try:
-            return connect(HOST, self.native_port, timeout, (cql_roles.ADMIN_ROLE, self._admin))
+            admin = (cql_roles.ADMIN_ROLE, self._admin)
+            return connect(HOST, self.native_port, timeout, admin, self.ssl_context)
         except Exception as e:
             if not cql_roles.is_auth_failure(e):
                 raise
             default = (cql_roles.DEFAULT_SUPERUSER, cql_roles.DEFAULT_SUPERUSER)
-            return connect(HOST, self.native_port, timeout, default)
+            return connect(HOST, self.native_port, timeout, default, self.ssl_context)
 
     @property
     def _admin(self) -> str:
@@ -326,7 +362,7 @@ class Cassandra(Component):
 
     def bootstrap(self) -> None:
         def login(user: str, password: str) -> tuple[Cluster, Session]:
-            return connect(HOST, self.native_port, 30.0, (user, password))
+            return connect(HOST, self.native_port, 30.0, (user, password), self.ssl_context)
 
         cluster, session = cql_roles.admin_session(login, self._admin)
         try:

@@ -1,8 +1,12 @@
 """etcd (Debian's etcd-server): the config store for hot keys, CDN heat and kill switches.
 
-One member locally; production runs five (infra/etcd.py). Authentication is on, as in production:
-the first bootstrap creates root and the services' user from the stack's secrets file and enables
-it (through the gRPC API: no password on a command line), so every client of ours logs in here.
+One member locally; production runs five (infra/etcd.py). The --tls profile serves both ports
+with TLS, with the program's flags (infra/etcd.py `server_tls_flags`) on the local CA's files;
+/health and /metrics stay plain HTTP on their own port, as in production.
+
+Authentication is on, as in production: the first bootstrap creates root and the services' user
+from the stack's secrets file and enables it (through the gRPC API: no password on a command
+line), so every client of ours logs in here.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import shutil
 
 import httpx
 
+from local import tls as local_tls
 from local.components.base import Component, ProbeFailed, Server
 from local.layout import HOST, Layout
-from services.contracts import etcd
+from services.contracts import etcd, tls
 from services.schema import etcd_auth
 
 
@@ -31,11 +36,25 @@ class Etcd(Component):
     name = "etcd"
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.layout.tls else "http"
+
+    @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.layout.ports.etcd_client}"
+        return f"{self.scheme}://{HOST}:{self.layout.ports.etcd_client}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.layout.ports.etcd_metrics}"
+
+    def prepare(self) -> None:
+        if self.layout.tls:
+            local_tls.ensure(self.layout)
 
     def servers(self) -> list[Server]:
-        peer = f"http://{HOST}:{self.layout.ports.etcd_peer}"
+        from infra.etcd import server_tls_flags
+
+        peer = f"{self.scheme}://{HOST}:{self.layout.ports.etcd_peer}"
         argv = [
             shutil.which("etcd") or "/usr/bin/etcd",
             "--name=local",
@@ -45,10 +64,13 @@ class Etcd(Component):
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=local={peer}",
+            f"--listen-metrics-urls={self.metrics_url}",
             "--initial-cluster-state=new",
             "--log-level=warn",
             "--logger=zap",
         ]
+        if self.layout.tls:
+            argv += server_tls_flags(str(local_tls.server_dir(self.layout, tls.ETCD)))
         return [
             Server(
                 name="etcd",
@@ -62,7 +84,7 @@ class Etcd(Component):
 
     def probe(self) -> None:
         try:
-            r = httpx.get(f"{self.url}/health", timeout=2)
+            r = httpx.get(f"{self.metrics_url}/health", timeout=2)
             healthy = r.status_code == 200 and r.json().get("health") == "true"
         except (httpx.HTTPError, ValueError) as e:
             raise ProbeFailed(f"etcd: {e}") from e
@@ -74,7 +96,8 @@ class Etcd(Component):
 
         root = transforms.stack_secrets(self.layout)[transforms.ETCD_ROOT]
         port = self.layout.ports.etcd_client
-        asyncio.run(etcd_auth.apply(HOST, port, root, credentials(self.layout)))
+        ca = str(local_tls.ca_file(self.layout)) if self.layout.tls else None
+        asyncio.run(etcd_auth.apply(HOST, port, root, credentials(self.layout), ca_file=ca))
 
     def metrics_targets(self) -> list[str]:
-        return [f"{HOST}:{self.layout.ports.etcd_client}"]
+        return [f"{HOST}:{self.layout.ports.etcd_metrics}"]

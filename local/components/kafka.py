@@ -37,9 +37,11 @@ from confluent_kafka.admin import (
 )
 
 from local import maven
+from local import tls as local_tls
 from local.components.base import Component, ProbeFailed, Server, wait_until
 from local.layout import HOST, REPO_ROOT, Layout
 from services.contracts import kafka as kafka_contract
+from services.contracts import tls
 
 CONF_DIR = REPO_ROOT / "local" / "kafka"
 LOG4J_CONFIG = CONF_DIR / "log4j2.yaml"
@@ -92,12 +94,20 @@ def login(layout: Layout, user: str) -> kafka_contract.Credentials:
     return kafka_contract.Credentials(user, transforms.stack_secrets(layout)[secret])
 
 
+def ca_file(layout: Layout) -> str | None:
+    """The CA clients verify the brokers against (the --tls profile); None: plaintext."""
+    return str(local_tls.ca_file(layout)) if layout.tls else None
+
+
+def client_config(layout: Layout, creds: kafka_contract.Credentials) -> dict[str, Any]:
+    """A client's connection settings for this stack's brokers, as `creds`."""
+    return kafka_contract.client_config(bootstrap_servers(layout), creds, ca_file(layout))
+
+
 def admin_config(layout: Layout) -> dict[str, Any]:
     """Connection settings of the local super user: `likes local up` creates topics and users
     with it (Strimzi's operators do in production); tests use the services' login instead."""
-    return kafka_contract.client_config(
-        bootstrap_servers(layout), login(layout, kafka_contract.ADMIN_USER)
-    )
+    return client_config(layout, login(layout, kafka_contract.ADMIN_USER))
 
 
 # SCRAM credentials the bootstrap keeps as the stack's secrets say (the admin's is formatted in)
@@ -221,7 +231,7 @@ class Kafka(Component):
             "advertised.listeners": f"CLIENT://{HOST}:{self._broker_port(node)}",
             # clients and replication log in (SCRAM); the controllers' quorum is loopback-only
             "listener.security.protocol.map": (
-                f"CLIENT:{kafka_contract.SECURITY_PROTOCOL},CONTROLLER:PLAINTEXT"
+                f"CLIENT:{kafka_contract.protocol(self.layout.tls)},CONTROLLER:PLAINTEXT"
             ),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "CLIENT",
@@ -230,6 +240,7 @@ class Kafka(Component):
             f"listener.name.client.{kafka_contract.SASL_MECHANISM.lower()}.sasl.jaas.config": (
                 kafka_contract.jaas_config(login(self.layout, kafka_contract.ADMIN_USER))
             ),
+            **self._tls_properties(),
             "log.dirs": self._log_dir(node),
             # production's durability: a write with acks=all survives one node lost
             "default.replication.factor": rf,
@@ -263,6 +274,20 @@ class Kafka(Component):
         ]
         lines += [f"{k}={v}" for k, v in props.items()]
         return "\n".join(lines) + "\n"
+
+    def _tls_properties(self) -> dict[str, str]:
+        """The --tls profile: the client listener (and so replication) serves the local CA's
+        certificate from a PEM keystore, and brokers verify each other against the CA."""
+        if not self.layout.tls:
+            return {}
+        d = local_tls.server_dir(self.layout, tls.KAFKA)
+        return {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(d / local_tls.KEYSTORE),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(d / tls.CA_KEY),
+            "ssl.enabled.protocols": "TLSv1.3,TLSv1.2",
+        }
 
     def _cluster_id(self) -> str:
         """The stack's cluster id, made once; refuses data formatted for another node count,
@@ -301,6 +326,8 @@ class Kafka(Component):
 
     def prepare(self) -> None:
         self.layout.ensure()
+        if self.layout.tls:
+            local_tls.ensure(self.layout)
         classpath = maven.resolve("kafka")
         # java's @argfile syntax: quoted so that a classpath entry may hold spaces
         self._write_if_changed(self._argfile, f'-cp "{classpath}"\n')
@@ -375,7 +402,7 @@ class Kafka(Component):
 
 
 def _logs_in(layout: Layout, creds: kafka_contract.Credentials) -> bool:
-    conf = kafka_contract.client_config(bootstrap_servers(layout), creds)
+    conf = client_config(layout, creds)
     try:
         _metadata(conf, timeout=3.0)
         return True

@@ -11,17 +11,19 @@ production runs as a Job: it registers the repository's schemas with their compa
 from __future__ import annotations
 
 import os
+import ssl
 import sys
 from pathlib import Path
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from local import tls as local_tls
 from local.components import kafka
 from local.components.base import Component, ProbeFailed, Server
 from local.layout import HOST, REPO_ROOT, Layout
 from local.schema_registry import __main__ as registry_main
 from services.contracts import kafka as kafka_contract
-from services.contracts import registry
+from services.contracts import registry, tls
 from services.schema import registry_schemas
 
 
@@ -32,6 +34,21 @@ def credentials(layout: Layout) -> registry.Credentials:
     return registry.Credentials(
         registry.SERVICE_USER, transforms.stack_secrets(layout)[transforms.REGISTRY_AUTH]
     )
+
+
+def url(layout: Layout) -> str:
+    scheme = "https" if layout.tls else "http"
+    return f"{scheme}://{HOST}:{layout.ports.schema_registry}"
+
+
+def ca_file(layout: Layout) -> str | None:
+    return str(local_tls.ca_file(layout)) if layout.tls else None
+
+
+def verify(layout: Layout) -> ssl.SSLContext | bool:
+    """httpx's `verify` for this registry: the local CA in the --tls profile."""
+    ca = ca_file(layout)
+    return tls.client_context(ca) if ca else True
 
 
 def users_file(layout: Layout) -> Path:
@@ -46,10 +63,12 @@ class SchemaRegistry(Component):
     def __init__(self, layout: Layout) -> None:
         super().__init__(layout)
         self.port = layout.ports.schema_registry
-        self.url = f"http://{HOST}:{self.port}"
+        self.url = url(layout)
 
     def client(self) -> SchemaRegistryClient:
-        return SchemaRegistryClient(registry.client_config(self.url, credentials(self.layout)))
+        return SchemaRegistryClient(
+            registry.client_config(self.url, credentials(self.layout), ca_file=ca_file(self.layout))
+        )
 
     def servers(self) -> list[Server]:
         argv = [
@@ -68,6 +87,8 @@ class SchemaRegistry(Component):
             "--users-file",
             str(users_file(self.layout)),
         ]
+        if self.layout.tls:  # HTTPS, and TLS to Kafka (the same CA)
+            argv += ["--tls-dir", str(local_tls.server_dir(self.layout, tls.REGISTRY))]
         # the supervisor runs servers in the stack's home: import this checkout's services
         pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
         return [
@@ -92,6 +113,8 @@ class SchemaRegistry(Component):
 
     def prepare(self) -> None:
         self.layout.ensure()
+        if self.layout.tls:
+            local_tls.ensure(self.layout)
         f = users_file(self.layout)
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.with_suffix(".tmp")
@@ -106,7 +129,12 @@ class SchemaRegistry(Component):
 
         creds = credentials(self.layout)
         try:
-            r = httpx.get(f"{self.url}/subjects", auth=(creds.user, creds.password), timeout=2)
+            r = httpx.get(
+                f"{self.url}/subjects",
+                auth=(creds.user, creds.password),
+                timeout=2,
+                verify=verify(self.layout),
+            )
         except httpx.HTTPError as e:
             raise ProbeFailed(f"{self.url}/subjects: {e}") from e
         if r.status_code != 200:

@@ -18,7 +18,7 @@ import uvicorn
 
 from local.schema_registry.app import create_app
 from local.schema_registry.store import KafkaSchemaStore
-from services.contracts import kafka, registry
+from services.contracts import kafka, registry, tls
 
 KAFKA_USER_ENV = "REGISTRY_KAFKA_USER"
 KAFKA_PASSWORD_ENV = "REGISTRY_KAFKA_PASSWORD"
@@ -45,6 +45,13 @@ def main(argv: list[str] | None = None) -> None:
         help="`user: password,role` per line; every call must log in as one of them "
         f"(role {registry.ROLE}); without it the registry answers anonymous calls",
     )
+    parser.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=None,
+        help="serve HTTPS with this folder's tls.crt and tls.key (cert-manager's names), and "
+        "reach Kafka over TLS, verified against its ca.crt",
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(
@@ -54,10 +61,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     user, password = os.environ.get(KAFKA_USER_ENV), os.environ.get(KAFKA_PASSWORD_ENV)
     login = kafka.Credentials(user, password) if user and password else None
-    store = KafkaSchemaStore(args.bootstrap, args.topic, args.replication_factor, login=login)
+    d: Path | None = args.tls_dir
+    store = KafkaSchemaStore(
+        args.bootstrap,
+        args.topic,
+        args.replication_factor,
+        login=login,
+        ca_file=str(d / tls.CA_KEY) if d else None,
+    )
     users = registry.parse_password_file(args.users_file.read_text()) if args.users_file else None
     # log_config=None: uvicorn's loggers propagate to the stdout handler above
-    uvicorn.run(create_app(store, users), host=args.host, port=args.port, log_config=None)
+    uvicorn.run(
+        create_app(store, users),
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        ssl_certfile=str(d / tls.CERT_KEY) if d else None,
+        ssl_keyfile=str(d / tls.KEY_KEY) if d else None,
+    )
 
 
 if __name__ == "__main__":

@@ -231,6 +231,7 @@ class KafkaSchemaStore:
         replication_factor: int | None = None,
         timeout: float = 30.0,
         login: kafka.Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -238,7 +239,7 @@ class KafkaSchemaStore:
         self.timeout = timeout
         self._common: JSON = {
             # the registry's own Kafka user (production's registry logs in the same way)
-            **kafka.client_config(bootstrap, login),
+            **kafka.client_config(bootstrap, login, ca_file),
             "client.id": "schema-registry",
             # librdkafka's own messages into our log, not bare lines on stderr
             "logger": logging.getLogger("local.schema_registry.kafka"),

@@ -71,9 +71,10 @@ class Reconciler:
         grace_s: float = hotkeys.GRACE_S,
         timeout_s: float = 1.0,
         etcd_credentials: etcd.Credentials | None = None,
+        etcd_ca_file: str | None = None,
     ) -> None:
         self.etcd_host, self.etcd_port, self.timeout_s = etcd_host, etcd_port, timeout_s
-        self.etcd_credentials = etcd_credentials
+        self.etcd_credentials, self.etcd_ca_file = etcd_credentials, etcd_ca_file
         self.source, self.pools, self.clock = source, pools, clock
         self.state: dict[str, HotEntry] = {}
         self.last_good: hotkeys.LastGood[dict[str, HotEntry]] = hotkeys.LastGood({}, grace_s, clock)
@@ -90,13 +91,18 @@ class Reconciler:
             source_cluster(settings.count_cache_startup, password=auth),
             HotPools(settings.hot_pool_addresses, password=auth),
             etcd_credentials=etcd.credentials(settings),
+            etcd_ca_file=settings.tls_ca_file,
         )
 
     # -- etcd -------------------------------------------------------------------------------
     async def _client(self) -> aetcd.Client:
         if self._etcd is None:
             self._etcd = etcd.client(
-                self.etcd_host, self.etcd_port, self.etcd_credentials, self.timeout_s
+                self.etcd_host,
+                self.etcd_port,
+                self.etcd_credentials,
+                self.timeout_s,
+                self.etcd_ca_file,
             )
         return self._etcd
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from services.contracts import events, kafka, registry
+from services.contracts import events, kafka, registry, tls
 from services.contracts.settings import Settings
 
 log = logging.getLogger("clients")
@@ -148,6 +149,7 @@ def cassandra(
             # stay unused for a minute or more
             reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=5.0),
             auth_provider=cassandra_auth(settings),
+            ssl_context=cassandra_tls(settings),
         )
         try:
             return cluster, cluster.connect(settings.cassandra_keyspace)
@@ -177,6 +179,14 @@ def cassandra_auth(settings: Settings) -> PlainTextAuthProvider | None:
     return PlainTextAuthProvider(
         settings.cassandra_user, settings.cassandra_password.get_secret_value()
     )
+
+
+def cassandra_tls(settings: Settings) -> ssl.SSLContext | None:
+    """TLS to the edge-store when the settings name the platform's CA: the chain is verified,
+    the name is not (contracts/tls.py says why)."""
+    if settings.tls_ca_file is None:
+        return None
+    return tls.client_context(settings.tls_ca_file, check_hostname=False)
 
 
 def schema_registry(settings: Settings) -> SchemaRegistryClient:

@@ -161,9 +161,10 @@ class PrefixView(Generic[T]):
         grace_s: float = GRACE_S,
         clock: Callable[[], float] = time.monotonic,
         credentials: etcd.Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.host, self.port, self.prefix = host, port, prefix
-        self.credentials = credentials
+        self.credentials, self.ca_file = credentials, ca_file
         self.decode = decode
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.last_good: LastGood[dict[str, T]] = LastGood({}, grace_s, clock)
@@ -175,7 +176,9 @@ class PrefixView(Generic[T]):
 
     async def refresh(self) -> None:
         if self._client is None:
-            self._client = etcd.client(self.host, self.port, self.credentials, self.timeout_s)
+            self._client = etcd.client(
+                self.host, self.port, self.credentials, self.timeout_s, self.ca_file
+            )
         result = await asyncio.wait_for(
             self._client.get_prefix(self.prefix.encode()), self.timeout_s
         )

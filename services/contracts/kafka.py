@@ -15,7 +15,8 @@ from services.contracts import events
 from services.contracts.logins import Credentials as Credentials
 from services.contracts.settings import Settings
 
-SECURITY_PROTOCOL = "SASL_PLAINTEXT"  # SASL_SSL once the listener has TLS (issue 9 item 2)
+SECURITY_PROTOCOL = "SASL_SSL"  # the client listener: TLS (contracts/tls.py) and SCRAM
+PLAINTEXT_PROTOCOL = "SASL_PLAINTEXT"  # the local quick profile (no TLS)
 SASL_MECHANISM = "SCRAM-SHA-512"
 STRIMZI_AUTH = "scram-sha-512"  # the same mechanism as Strimzi spells it
 
@@ -91,21 +92,34 @@ def credentials(settings: Settings) -> Credentials | None:
     return Credentials(settings.kafka_user, settings.kafka_password.get_secret_value())
 
 
-def client_config(bootstrap: str, creds: Credentials | None) -> dict[str, Any]:
-    """librdkafka's connection settings for any Producer, Consumer or AdminClient."""
+def protocol(tls: bool) -> str:
+    """The client listener's security.protocol: TLS (the program, the local --tls profile) or
+    not (the local quick profile); SCRAM either way."""
+    return SECURITY_PROTOCOL if tls else PLAINTEXT_PROTOCOL
+
+
+def client_config(
+    bootstrap: str, creds: Credentials | None, ca_file: str | None = None
+) -> dict[str, Any]:
+    """librdkafka's connection settings for any Producer, Consumer or AdminClient: TLS verified
+    against `ca_file` (the broker's name included, librdkafka's default) when it is set."""
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
     if creds is not None:
         conf |= {
-            "security.protocol": SECURITY_PROTOCOL,
+            "security.protocol": protocol(ca_file is not None),
             "sasl.mechanism": SASL_MECHANISM,
             "sasl.username": creds.user,
             "sasl.password": creds.password,
         }
+    elif ca_file is not None:
+        conf["security.protocol"] = "SSL"
+    if ca_file is not None:
+        conf["ssl.ca.location"] = ca_file
     return conf
 
 
 def from_settings(settings: Settings) -> dict[str, Any]:
-    return client_config(settings.kafka_bootstrap, credentials(settings))
+    return client_config(settings.kafka_bootstrap, credentials(settings), settings.tls_ca_file)
 
 
 def jaas_config(creds: Credentials) -> str:

@@ -32,16 +32,23 @@ def credentials(settings: Settings) -> Credentials | None:
     )
 
 
-def client_config(url: str, creds: Credentials | None, timeout: float = 2) -> dict[str, Any]:
-    """confluent-kafka's SchemaRegistryClient settings."""
+def client_config(
+    url: str, creds: Credentials | None, timeout: float = 2, ca_file: str | None = None
+) -> dict[str, Any]:
+    """confluent-kafka's SchemaRegistryClient settings; an https URL is verified against
+    `ca_file` (the platform's CA) when it is set."""
     conf: dict[str, Any] = {"url": url, "timeout": timeout}
     if creds is not None:
         conf["basic.auth.user.info"] = f"{creds.user}:{creds.password}"
+    if ca_file is not None:
+        conf["ssl.ca.location"] = ca_file
     return conf
 
 
 def from_settings(settings: Settings, timeout: float = 2) -> dict[str, Any]:
-    return client_config(settings.schema_registry_url, credentials(settings), timeout)
+    return client_config(
+        settings.schema_registry_url, credentials(settings), timeout, settings.tls_ca_file
+    )
 
 
 def password_file(users: Iterable[Credentials]) -> str:

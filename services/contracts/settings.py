@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import SecretStr, model_validator
+from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -33,6 +33,7 @@ TOOLING_VARS = frozenset(
         "LIKES_TEST_HOME",
         "LIKES_TEST_PORT_OFFSET",
         "LIKES_TEST_REUSE",
+        "LIKES_TEST_TLS",
         "LIKES_KEEP_STACK",
     }
 )
@@ -90,6 +91,10 @@ class Settings(BaseSettings):
     # the services' etcd user (auth is on); None: connect without credentials
     etcd_user: str | None = None
     etcd_password: SecretStr | None = None
+    # the CA that signed every internal server's certificate (contracts/tls.py); set: etcd,
+    # Kafka, Scylla and the registry are reached over TLS and verified against it. Empty: plaintext,
+    # chosen explicitly (the local quick profile); outside env=local it must be set like an endpoint
+    tls_ca_file: str | None = None
 
     # Bearer JWTs are RS256/ES256, verified against the identity provider's JWKS; there is no
     # shared signing key anywhere (the local stack runs its own issuer, local/issuer.py).
@@ -120,6 +125,7 @@ class Settings(BaseSettings):
         "kafka_password",
         "schema_registry_user",
         "schema_registry_password",
+        "tls_ca_file",
     )
     # a user without its password (or the reverse) is a half-rendered secret, not "no auth"
     LOGINS: ClassVar[tuple[tuple[str, str], ...]] = (
@@ -155,6 +161,11 @@ class Settings(BaseSettings):
         """{LIKES_NAME: value} for field names; a name the class does not have is an error.
         Values pass through untouched (a Pulumi Output stays an Output)."""
         return {cls.env_name(k): v for k, v in values.items()}
+
+    @field_validator("tls_ca_file")
+    @classmethod
+    def _empty_is_plaintext(cls, v: str | None) -> str | None:
+        return v or None
 
     @model_validator(mode="after")
     def _explicit_outside_local(self) -> Settings:

@@ -88,6 +88,7 @@ def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
             cfg.etcd_port,
             lease_ttl_s=cfg.sampler_lease_ttl_s,
             credentials=etcd.credentials(cfg),
+            ca_file=cfg.tls_ca_file,
         )
         app.state.window, app.state.publisher = window, publisher
         task = asyncio.create_task(publish_loop(window, publisher, cfg), name="publish")

@@ -70,8 +70,10 @@ class EtcdPublisher:
         timeout_s: float = 1.0,
         clock: Callable[[], int] = hotkeys.now_ms,
         credentials: etcd.Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.host, self.port, self.credentials = host, port, credentials
+        self.ca_file = ca_file
         self.lease_ttl_s, self.timeout_s = lease_ttl_s, timeout_s
         self.clock = clock
         self.published = Published()
@@ -81,7 +83,9 @@ class EtcdPublisher:
 
     async def _ensure(self) -> tuple[aetcd.Client, Lease]:
         if self._client is None:
-            self._client = etcd.client(self.host, self.port, self.credentials, self.timeout_s)
+            self._client = etcd.client(
+                self.host, self.port, self.credentials, self.timeout_s, self.ca_file
+            )
         if self._lease is None:
             self._lease = await self._client.lease(self.lease_ttl_s)
             self._refreshed = time.monotonic()

@@ -81,10 +81,11 @@ class EtcdHeat:
         grace_s: float = GRACE_S,
         clock: Callable[[], float] = time.monotonic,
         credentials: etcd.Credentials | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
-        self.credentials = credentials
+        self.credentials, self.ca_file = credentials, ca_file
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.last_good: LastGood[dict[str, str]] = LastGood({}, grace_s, clock)
@@ -113,7 +114,9 @@ class EtcdHeat:
     async def refresh(self) -> None:
         """One poll; raises if etcd is unreachable (the previous hints stay, until they expire)."""
         if self._client is None:
-            self._client = etcd.client(self.host, self.port, self.credentials, self.timeout_s)
+            self._client = etcd.client(
+                self.host, self.port, self.credentials, self.timeout_s, self.ca_file
+            )
         prefix = keys.HEAT_PREFIX.encode()
         result = await asyncio.wait_for(self._client.get_prefix(prefix), self.timeout_s)
         hints: dict[str, str] = {}

@@ -94,14 +94,16 @@ def create_app(
         store = CassandraStore(settings)
         etcd_login = etcd.credentials(settings)
         heat_source = heat or EtcdHeat(
-            settings.etcd_host, settings.etcd_port, credentials=etcd_login
-        )
+            settings.etcd_host, settings.etcd_port, credentials=etcd_login,
+            ca_file=settings.tls_ca_file,
+        )  # fmt: skip
         await store.start()  # connects in the background: the service answers without Cassandra
         await cache.warm_up()
         await heat_source.start()
         pools_view = hotkey_flags.PrefixView(
             settings.etcd_host, settings.etcd_port, hotkey_flags.HOTPOOL_PREFIX,
             hotkey_flags.decode_pools, credentials=etcd_login,
+            ca_file=settings.tls_ca_file,
         )  # fmt: skip
         await pools_view.start()
         hot_cache = hotkeys.HotPoolCountCache(

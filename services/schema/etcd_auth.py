@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 
 import grpc
 from aetcd import rpc
@@ -44,10 +45,22 @@ def _wanted_perm() -> rpc.Permission:
 
 
 async def apply(
-    host: str, port: int, root_password: str, service: etcd.Credentials, timeout: float = 5.0
+    host: str,
+    port: int,
+    root_password: str,
+    service: etcd.Credentials,
+    timeout: float = 5.0,
+    ca_file: str | None = None,
 ) -> list[str]:
-    """Make etcd's auth store what the platform needs; returns what it changed ([] on a rerun)."""
-    async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
+    """Make etcd's auth store what the platform needs; returns what it changed ([] on a rerun).
+    `ca_file`: etcd serves TLS, verified against this CA (contracts/tls.py)."""
+    target = f"{host}:{port}"
+    if ca_file is None:
+        channel = grpc.aio.insecure_channel(target)
+    else:
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
+        channel = grpc.aio.secure_channel(target, creds)
+    async with channel:
         return await _Setup(rpc.AuthStub(channel), timeout).run(root_password, service)
 
 
@@ -161,7 +174,13 @@ def main() -> None:
     name = Settings.env_name
     service = etcd.Credentials(env[name("etcd_user")], env[name("etcd_password")])
     changed = asyncio.run(
-        apply(env[name("etcd_host")], int(env[name("etcd_port")]), env[ROOT_PASSWORD_ENV], service)
+        apply(
+            env[name("etcd_host")],
+            int(env[name("etcd_port")]),
+            env[ROOT_PASSWORD_ENV],
+            service,
+            ca_file=env.get(name("tls_ca_file")),
+        )
     )
     print("etcd auth: " + ("; ".join(changed) if changed else "already as wanted"))
 

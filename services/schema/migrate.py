@@ -26,13 +26,19 @@ def main() -> None:
     from cassandra.cluster import Cluster, Session
     from cassandra.policies import DCAwareRoundRobinPolicy
 
+    from services.contracts import tls
+    from services.contracts.settings import Settings
+
     env = os.environ
+    ca_file = env.get(Settings.env_name("tls_ca_file"))  # Scylla's client port serves TLS
+    ssl_context = tls.client_context(ca_file, check_hostname=False) if ca_file else None
 
     def connect(user: str, password: str) -> tuple[Cluster, Session]:
         cluster = Cluster(
             env[CONTACT_POINTS_ENV].split(","),
             load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=env[LOCAL_DC_ENV]),
             auth_provider=PlainTextAuthProvider(user, password),
+            ssl_context=ssl_context,
         )
         try:
             return cluster, cluster.connect()

@@ -17,6 +17,7 @@ def split_view(settings: Settings) -> hotkeys.PrefixView[hotkeys.SplitFlag]:
         keys.SPLIT_PREFIX,
         hotkeys.decode_split,
         credentials=etcd.credentials(settings),
+        ca_file=settings.tls_ca_file,
     )
 
 

@@ -55,7 +55,7 @@ from operators.hotkeys import handlers
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from services.aggregator.settings import AggregatorSettings
 from services.common import worker_http
-from services.contracts import clients, etcd, events, registry, routes, workloads
+from services.contracts import clients, etcd, events, registry, routes, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts.settings import Settings, UnknownVariable, parse_nodes
 from services.schema import cql_roles, etcd_auth, migrate, registry_schemas
@@ -755,7 +755,9 @@ def test_the_etcd_client_logs_in_with_the_rendered_user_and_password(
 ) -> None:
     s = build_settings(w, likes_env(container_of(plans[stack], w)))
     monkeypatch.setattr(etcd.aetcd, "Client", _RecordingEtcd)
+    monkeypatch.setattr(etcd, "TlsClient", _RecordingEtcd)
     kw = etcd.from_settings(s, timeout=1.0).kwargs  # type: ignore[attr-defined]
+    assert kw.get("ca_file") == tls.CA_FILE  # the program's etcd serves TLS (infra/etcd.py)
     assert (kw["username"], kw["password"]) == (etcd.SERVICE_USER, DUMMY_SECRET)
     assert (kw["host"], kw["port"]) == (s.etcd_host, s.etcd_port)
 
@@ -854,9 +856,11 @@ def test_the_kafka_and_registry_clients_log_in_with_the_rendered_users(
         kafka_contract.SERVICE_USER,
         DUMMY_SECRET,
     )
+    assert conf["ssl.ca.location"] == tls.CA_FILE
     reg = registry.from_settings(s)
     assert reg["basic.auth.user.info"] == f"{registry.SERVICE_USER}:{DUMMY_SECRET}"
     assert reg["url"] == s.schema_registry_url
+    assert reg["url"].startswith("https://") and reg["ssl.ca.location"] == tls.CA_FILE
 
 
 def _kafka_users(p: plan.Plan) -> dict[str, dict[str, Any]]:

@@ -45,7 +45,9 @@ pytestmark = pytest.mark.stack
 
 # -- plumbing ---------------------------------------------------------------------------------
 def stack_env(stack: Stack) -> dict[str, str]:
+    tls = {"LIKES_TLS_CA_FILE": stack.ca_file} if stack.ca_file else {}
     return {
+        **tls,
         "LIKES_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
         "LIKES_SCHEMA_REGISTRY_URL": stack.registry_url,
         "LIKES_CASSANDRA_PORT": str(stack.cassandra_port),
@@ -91,6 +93,7 @@ def base_settings(env: dict[str, str]) -> AggregatorSettings:
         kafka_password=env["LIKES_KAFKA_PASSWORD"],
         schema_registry_user=env["LIKES_SCHEMA_REGISTRY_USER"],
         schema_registry_password=env["LIKES_SCHEMA_REGISTRY_PASSWORD"],
+        tls_ca_file=env.get("LIKES_TLS_CA_FILE"),
     )
 
 

@@ -504,6 +504,7 @@ def test_heat_hints_survive_an_etcd_outage_for_the_grace_period_only(stack: Stac
         timeout_s=1,
         clock=lambda: clock["t"],
         credentials=stack.etcd_credentials,
+        ca_file=stack.ca_file,
     )
 
     async def refresh() -> None:

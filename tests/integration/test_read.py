@@ -72,6 +72,7 @@ def cql(stack: Stack) -> Iterator[Session]:
         port=stack.cassandra_port,
         protocol_version=5,
         auth_provider=stack.cassandra_auth,
+        ssl_context=stack.cassandra_ssl,
     )
     session = cluster.connect("likes")
     yield session
@@ -347,7 +348,13 @@ def test_anonymous_cache_control_follows_the_heat_in_etcd(
 @pytest.mark.disruptive
 def test_etcd_unreachable_keeps_the_last_known_heat(stack: Stack) -> None:
     hot = uid("hot")
-    heat = EtcdHeat(stack.host, stack.etcd_port, timeout_s=1.0, credentials=stack.etcd_credentials)
+    heat = EtcdHeat(
+        stack.host,
+        stack.etcd_port,
+        timeout_s=1.0,
+        credentials=stack.etcd_credentials,
+        ca_file=stack.ca_file,
+    )
 
     async def refresh() -> None:
         await heat.refresh()

@@ -137,6 +137,7 @@ def test_errors_carry_confluent_codes(stack: Stack, registry: SchemaRegistryClie
         content=b"{not json",
         headers={"Content-Type": MEDIA_TYPE},
         auth=(stack.registry_login.user, stack.registry_login.password),
+        verify=stack.registry_verify,
     )
     assert r.status_code == 400
     assert r.headers["content-type"].startswith(MEDIA_TYPE)
@@ -172,7 +173,7 @@ def test_restart_keeps_subjects_versions_ids_and_levels(
 
     assert stack.supervisor.stop("schema-registry")
     with pytest.raises(httpx.TransportError):
-        httpx.get(f"{stack.registry_url}/subjects", timeout=2)
+        httpx.get(f"{stack.registry_url}/subjects", timeout=2, verify=stack.registry_verify)
     stack.up()
 
     after = stack.registry_client()  # nothing cached

@@ -193,7 +193,12 @@ def test_kafka_acks_all_produce_and_committed_group_offset(stack: Stack) -> None
 def test_cassandra_create_insert_select_and_repository_schema(stack: Stack) -> None:
     # DDL outside the platform's keyspace: the admin role's (the services' role may not)
     admin = PlainTextAuthProvider(cql_roles.ADMIN_ROLE, cassandra.admin_password(stack.layout))
-    cluster = Cluster(["127.0.0.1"], port=stack.cassandra_port, auth_provider=admin)
+    cluster = Cluster(
+        ["127.0.0.1"],
+        port=stack.cassandra_port,
+        auth_provider=admin,
+        ssl_context=stack.cassandra_ssl,
+    )
     session = cluster.connect()
     try:
         ks = f"t_{uuid.uuid4().hex[:8]}"
@@ -255,7 +260,7 @@ def test_etcd_requires_the_services_login_and_confines_it_to_the_platform_prefix
     async def go() -> None:
         for creds in (None, etcd.Credentials(etcd.SERVICE_USER, "guess")):
             with pytest.raises(aetcd.exceptions.ClientError):
-                async with etcd.client(stack.host, stack.etcd_port, creds, 2) as c:
+                async with etcd.client(stack.host, stack.etcd_port, creds, 2, stack.ca_file) as c:
                     await c.get(key)
         async with stack.etcd() as c:
             await c.put(key, b"1")
@@ -267,7 +272,9 @@ def test_etcd_requires_the_services_login_and_confines_it_to_the_platform_prefix
     # a rerun of the bootstrap changes nothing: any change to etcd's auth store would make every
     # running client's token stale
     root = transforms.stack_secrets(stack.layout)[transforms.ETCD_ROOT]
-    rerun = etcd_auth.apply(stack.host, stack.etcd_port, root, stack.etcd_credentials)
+    rerun = etcd_auth.apply(
+        stack.host, stack.etcd_port, root, stack.etcd_credentials, ca_file=stack.ca_file
+    )
     assert asyncio.run(rerun) == []
 
 
@@ -291,11 +298,21 @@ def test_cassandra_requires_the_services_login_and_confines_it_to_the_platform_k
     user = stack.cassandra_login[0]
     for refused in (None, (user, "guess"), (cql_roles.DEFAULT_SUPERUSER,) * 2):
         auth = PlainTextAuthProvider(*refused) if refused else None
-        cluster = Cluster([stack.host], port=stack.cassandra_port, auth_provider=auth)
+        cluster = Cluster(
+            [stack.host],
+            port=stack.cassandra_port,
+            auth_provider=auth,
+            ssl_context=stack.cassandra_ssl,
+        )
         with pytest.raises(NoHostAvailable, match=r"(?i)authenticat"):
             cluster.connect()
         cluster.shutdown()
-    cluster = Cluster([stack.host], port=stack.cassandra_port, auth_provider=stack.cassandra_auth)
+    cluster = Cluster(
+        [stack.host],
+        port=stack.cassandra_port,
+        auth_provider=stack.cassandra_auth,
+        ssl_context=stack.cassandra_ssl,
+    )
     session = cluster.connect(cql_roles.KEYSPACE)
     try:
         assert session.execute("SELECT count(*) FROM outbox_pending LIMIT 1").one() is not None
@@ -305,6 +322,15 @@ def test_cassandra_requires_the_services_login_and_confines_it_to_the_platform_k
             session.execute("SELECT * FROM system_auth.roles")
     finally:
         cluster.shutdown()
+
+
+def _etcd_channel(stack: Stack) -> grpc.aio.Channel:
+    """A raw gRPC channel to the stack's etcd (TLS in the --tls profile)."""
+    target = f"{stack.host}:{stack.etcd_port}"
+    if stack.ca_file is None:
+        return grpc.aio.insecure_channel(target)
+    ca = Path(stack.ca_file).read_bytes()
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=ca))
 
 
 def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(
@@ -322,7 +348,7 @@ def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(
     async def rotate_and_repair() -> list[str]:
         async with stack.etcd() as before:
             await before.get(key)  # logged in: holds a token
-            async with grpc.aio.insecure_channel(f"{stack.host}:{stack.etcd_port}") as ch:
+            async with _etcd_channel(stack) as ch:
                 stub = rpc.AuthStub(ch)
                 login = rpc.AuthenticateRequest(name=etcd.ROOT_USER, password=root)
                 md = (("token", (await stub.Authenticate(login)).token),)
@@ -333,7 +359,9 @@ def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(
                 await stub.UserChangePassword(same, metadata=md)
             with pytest.raises(aetcd.exceptions.ClientError, match="invalid auth token"):
                 await before.get(key)
-        repaired = await etcd_auth.apply(stack.host, stack.etcd_port, root, creds)
+        repaired = await etcd_auth.apply(
+            stack.host, stack.etcd_port, root, creds, ca_file=stack.ca_file
+        )
         async with stack.etcd() as c:
             await c.put(key, b"hot")
         return repaired
@@ -376,13 +404,15 @@ def test_kafka_refuses_a_client_without_a_login_or_with_a_wrong_password(stack: 
         kafka_contract.Credentials(kafka_contract.SERVICE_USER, "guess"),
         kafka_contract.Credentials("nobody", stack.kafka_login.password),
     ):
-        errors = _login_errors(stack, kafka_contract.client_config(bootstrap, creds))
+        conf = kafka_contract.client_config(bootstrap, creds, stack.ca_file)
+        errors = _login_errors(stack, conf)
         assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
     # the services' login works, and so does the registry's (its own user)
     md = AdminClient(stack.kafka_config()).list_topics(timeout=10)
     assert kafka_contract.REGISTRY_TOPIC in md.topics
     registry_login = kafka_component.login(stack.layout, kafka_contract.REGISTRY_USER)
-    AdminClient(kafka_contract.client_config(bootstrap, registry_login)).list_topics(timeout=10)
+    conf = kafka_contract.client_config(bootstrap, registry_login, stack.ca_file)
+    AdminClient(conf).list_topics(timeout=10)
     # a rerun of the users' bootstrap changes nothing (each password already logs in)
     assert kafka_component.ensure_users(stack.layout) == []
 
@@ -408,13 +438,15 @@ def test_the_registry_refuses_anonymous_calls_and_wrong_logins(stack: Stack) -> 
     url = f"{stack.registry_url}/subjects"
     good = stack.registry_login
     for auth in (None, (good.user, "guess"), ("nobody", good.password)):
-        r = httpx.get(url, auth=auth, timeout=5)
+        r = httpx.get(url, auth=auth, timeout=5, verify=stack.registry_verify)
         assert r.status_code == 401, auth
         assert r.json() == {"error_code": 401, "message": "Unauthorized"}
-    r = httpx.get(url, auth=(good.user, good.password), timeout=5)
+    r = httpx.get(url, auth=(good.user, good.password), timeout=5, verify=stack.registry_verify)
     assert r.status_code == 200
     assert {f"{t}-value" for t in events.EVENT_TOPICS} <= set(r.json())
-    client = SchemaRegistryClient(registry.client_config(stack.registry_url, None))
+    client = SchemaRegistryClient(
+        registry.client_config(stack.registry_url, None, ca_file=stack.ca_file)
+    )
     with pytest.raises(SchemaRegistryError) as refused:
         client.get_subjects()
     assert refused.value.http_status_code == 401

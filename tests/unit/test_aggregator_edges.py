@@ -208,6 +208,7 @@ PROD_ENDPOINTS: dict[str, Any] = {
     "kafka_password": "pw",
     "schema_registry_user": "likes",
     "schema_registry_password": "pw",
+    "tls_ca_file": "/etc/likes/tls/ca.crt",
 }
 CLOUDFLARE: dict[str, Any] = {
     "cdn_purger": "cloudflare",

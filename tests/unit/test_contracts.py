@@ -64,6 +64,7 @@ def endpoints(**overrides: object) -> dict[str, object]:
         "kafka_password": "from-a-secret",
         "schema_registry_user": "likes",
         "schema_registry_password": "from-a-secret",
+        "tls_ca_file": "/etc/likes/tls/ca.crt",
     }
     assert set(values) == set(Settings.ENDPOINTS)  # a new endpoint needs a value here
     values.update(overrides)

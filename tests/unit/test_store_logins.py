@@ -4,12 +4,18 @@ tests/integration/test_stack.py)."""
 from __future__ import annotations
 
 import base64
+import ipaddress
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from cryptography import x509
 from fastapi.testclient import TestClient
 
+from local import layout
+from local import tls as local_tls
 from local.schema_registry import create_app
-from services.contracts import etcd, events, keys, registry
+from services.contracts import etcd, events, keys, registry, tls
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles, etcd_auth
 
@@ -43,6 +49,41 @@ def test_a_kafka_client_logs_in_with_scram_only_when_it_has_a_user() -> None:
     assert conf["sasl.mechanism"] == "SCRAM-SHA-512"
     assert (conf["sasl.username"], conf["sasl.password"]) == ("likes", "pw")
     assert "pw" not in repr(kafka_contract.Credentials("likes", "pw"))
+
+
+def test_a_kafka_client_with_the_platforms_ca_speaks_tls_and_verifies_with_that_ca_only() -> None:
+    creds = kafka_contract.Credentials("likes", "pw")
+    conf = kafka_contract.client_config("k:9092", creds, "/etc/likes/tls/ca.crt")
+    assert conf["security.protocol"] == "SASL_SSL" == kafka_contract.SECURITY_PROTOCOL
+    assert conf["ssl.ca.location"] == "/etc/likes/tls/ca.crt"
+    tls_only = kafka_contract.client_config("k:9092", None, "/ca.crt")
+    assert tls_only["security.protocol"] == "SSL"
+
+
+def test_the_registry_and_etcd_clients_take_the_ca(tmp_path: Path) -> None:
+    conf = registry.client_config("https://r:8081", None, ca_file="/ca.crt")
+    assert conf["ssl.ca.location"] == "/ca.crt"
+    assert "ssl.ca.location" not in registry.client_config("http://r:8081", None)
+    home = layout.Layout(home=tmp_path, ports=layout.Ports(0), tls=True)
+    local_tls.ensure(home)
+    ca = str(local_tls.ca_file(home))
+    assert isinstance(etcd.client("h", 1, None, 1.0, ca), etcd.TlsClient)
+    assert not isinstance(etcd.client("h", 1, None, 1.0), etcd.TlsClient)
+
+
+def test_the_local_ca_is_made_once_and_each_certificate_verifies_under_it(tmp_path: Path) -> None:
+    home = layout.Layout(home=tmp_path, ports=layout.Ports(0), tls=True)
+    with ThreadPoolExecutor(4) as pool:  # components prepare at once: one CA, not four
+        made = list(pool.map(lambda _: local_tls.ensure(home), range(4)))
+    assert sorted(s for m in made for s in m) == sorted(s.server for s in tls.SERVERS)
+    assert local_tls.ensure(home) == []
+    ca = x509.load_pem_x509_certificate(local_tls.ca_file(home).read_bytes())
+    for server in tls.SERVERS:
+        d = local_tls.server_dir(home, server)
+        cert = x509.load_pem_x509_certificate((d / tls.CERT_KEY).read_bytes())
+        cert.verify_directly_issued_by(ca)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert ipaddress.ip_address(layout.HOST) in sans.get_values_for_type(x509.IPAddress)
 
 
 def test_a_jaas_login_line_cannot_be_broken_out_of() -> None:
