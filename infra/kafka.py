@@ -35,6 +35,8 @@ DEAD_LETTER = "likes.dead-letter"
 RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
 CLIENT_LISTENER = "clients"
 CLIENT_PORT = 9092
+PEER_LISTENER = "peers"  # the peer regions' MirrorMaker 2 (their likes:peers[].kafkaBootstrap)
+PEER_PORT = 9094
 
 
 @dataclass(frozen=True)
@@ -280,8 +282,8 @@ class Kafka(pulumi.ComponentResource):
             # Peer regions' MirrorMaker 2 reach this cluster over an internal NLB (VPC peering).
             listeners.append(
                 {
-                    "name": "peers",
-                    "port": 9094,
+                    "name": PEER_LISTENER,
+                    "port": PEER_PORT,
                     "type": "loadbalancer",
                     "tls": True,
                     "authentication": {"type": "scram-sha-512"},
