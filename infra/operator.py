@@ -115,15 +115,7 @@ class Operator(pulumi.ComponentResource):
             subjects=[rbac.SubjectArgs(kind="ServiceAccount", name=WORKLOAD.name, namespace=ns)],
             opts=child,
         )
-        secret = tls.workload_secret(WORKLOAD.name)
-        cert = tls_infra.certificate(
-            f"{WORKLOAD.name}-tls",
-            secret,
-            ns,
-            tls_infra.service_names(WORKLOAD.name, ns),
-            pulumi.ResourceOptions(parent=self, depends_on=list(args.cert_depends_on)),
-            usages=tls_infra.SERVER_AND_CLIENT,
-        )
+        secret, cert = tls_infra.workload_certificate(WORKLOAD.name, ns, self, args.cert_depends_on)
         k8s.apps.v1.Deployment(
             WORKLOAD.name,
             metadata=kx.meta(WORKLOAD.name, ns, lbls),

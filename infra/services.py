@@ -121,15 +121,7 @@ class Services(pulumi.ComponentResource):
             security_context=kx.security(),
             volume_mounts=[kx.mount("tmp", "/tmp"), kx.mount("tls", tls.MOUNT_DIR, True)],
         )
-        secret = tls.workload_secret(spec.name)
-        cert = tls_infra.certificate(
-            f"{spec.name}-tls",
-            secret,
-            ns,
-            tls_infra.service_names(spec.name, ns),
-            pulumi.ResourceOptions(parent=self, depends_on=list(args.cert_depends_on)),
-            usages=tls_infra.SERVER_AND_CLIENT,
-        )
+        secret, cert = tls_infra.workload_certificate(spec.name, ns, self, args.cert_depends_on)
         k8s.apps.v1.Deployment(
             spec.name,
             metadata=kx.meta(spec.name, ns, lbls),

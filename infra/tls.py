@@ -113,6 +113,23 @@ def certificate(
     )
 
 
+def workload_certificate(
+    workload: str, namespace: str, parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource]
+) -> tuple[str, k8s.apiextensions.CustomResource]:
+    """A workload's own certificate (its Service's names; server and client use), and the Secret
+    its pod mounts at tls.MOUNT_DIR: the CA there is what Settings.tls_ca_file names."""
+    secret = tls.workload_secret(workload)
+    cert = certificate(
+        f"{workload}-tls",
+        secret,
+        namespace,
+        service_names(workload, namespace),
+        pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on)),
+        usages=SERVER_AND_CLIENT,
+    )
+    return secret, cert
+
+
 def service_names(service: str, namespace: str) -> list[str]:
     """The names a Service is dialled by in-cluster (short forms first)."""
     return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]

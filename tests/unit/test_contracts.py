@@ -71,6 +71,13 @@ def endpoints(**overrides: object) -> dict[str, object]:
     return values
 
 
+def test_an_empty_ca_file_is_plaintext_chosen_explicitly_outside_local() -> None:
+    """The local quick profile renders it empty; unset is refused like any endpoint (below)."""
+    s = Settings(**endpoints(env="staging", tls_ca_file=""))  # type: ignore[arg-type]
+    assert s.tls_ca_file is None
+    assert Settings(**endpoints(env="staging")).tls_ca_file == "/etc/likes/tls/ca.crt"  # type: ignore[arg-type]
+
+
 def test_an_unknown_likes_variable_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LIKES_KAFKA_BOOTSTRAPS", "kafka:9092")  # a typo of LIKES_KAFKA_BOOTSTRAP
     with pytest.raises(UnknownVariable, match="LIKES_KAFKA_BOOTSTRAPS"):

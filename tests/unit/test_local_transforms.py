@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from local import layout, rendered, transforms
-from services.contracts import workloads
+from local import tls as local_tls
+from services.contracts import tls, workloads
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,21 @@ def test_every_workload_of_the_render_starts_and_checks(
         assert set(p.applied) <= {t.id for t in transforms.TRANSFORMS}
         assert p.env["LIKES_ENV"] == "staging"  # not turned into a local profile
         assert "--host" not in p.argv or p.argv[p.argv.index("--host") + 1] == layout.HOST
+
+
+def test_the_tls_profile_points_the_mounted_ca_at_the_stacks_and_plaintext_says_so(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    name = "LIKES_TLS_CA_FILE"
+    for w in workloads.ALL:
+        c = staging.container(w.name)
+        assert c.env[name] == tls.CA_FILE  # the program: every workload reaches its stores by TLS
+        plain = transforms.local_process(lay, w, c)
+        assert plain.env[name] == "" and name in plain.applied["tls"]
+        transforms.check_settings(plain)  # empty is plaintext, said explicitly: accepted
+        on = transforms.local_process(replace(lay, tls=True), w, c)
+        assert on.env[name] == str(local_tls.ca_file(lay))
+        transforms.check_settings(on)
 
 
 def test_a_misspelled_variable_is_a_disagreement_naming_workload_and_field(
