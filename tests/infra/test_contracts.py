@@ -822,6 +822,13 @@ def test_scylla_requires_logins_and_the_migration_job_makes_the_roles(
     assert scylla_yaml == {
         "authenticator": "PasswordAuthenticator",
         "authorizer": "CassandraAuthorizer",
+        "client_encryption_options": {  # TLS on the client port (tests/infra/test_tls.py)
+            "enabled": True,
+            "certificate": f"{infra_scylla.TLS_DIR}/tls.crt",
+            "keyfile": f"{infra_scylla.TLS_DIR}/tls.key",
+            "truststore": f"{infra_scylla.TLS_DIR}/ca.crt",
+            "require_client_auth": False,
+        },
     }
     (job,) = [j for j in by_kind(p, "Job") if j.name == "scylla-migrate"]
     (c,) = job.inputs["spec"]["template"]["spec"]["containers"]

@@ -34,6 +34,7 @@ _REQUIRED: dict[str, list[tuple[str, ...]]] = {
         ("spec", "version"), ("spec", "datacenter", "name"), ("spec", "datacenter", "racks"),
     ],
     "Certificate": [("spec", "secretName"), ("spec", "issuerRef", "name")],
+    "ClusterIssuer": [("spec",)],
 }  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from tests.infra.conftest import STACKS, by_kind, named
 
 COMPONENTS = {
     "Network", "Cluster", "Platform", "Redis", "Kafka", "Scylla", "Etcd", "SchemaRegistry",
-    "Observability", "Services", "Operator", "Gateway", "Cdn", "NetworkPolicies",
+    "Observability", "Services", "Operator", "Gateway", "Cdn", "NetworkPolicies", "InternalCa",
 }  # fmt: skip
 
 
@@ -156,7 +156,7 @@ def test_etcd_five_members_quorum_pdb_and_zone_spread(
     assert (
         "--initial-cluster="
         + ",".join(
-            f"etcd-{i}=http://etcd-{i}.etcd-peer.likes-data.svc.cluster.local:2380"
+            f"etcd-{i}=https://etcd-{i}.etcd-peer.likes-data.svc.cluster.local:2380"
             for i in range(5)
         )
         in sts["spec"]["template"]["spec"]["containers"][0]["command"]
