@@ -538,6 +538,8 @@ def cli_env(stack: Stack) -> dict[str, str]:
         "LIKES_ETCD_PORT": str(s.etcd_port),
         "LIKES_ETCD_USER": s.etcd_user,
         "LIKES_ETCD_PASSWORD": s.etcd_password.get_secret_value(),
+        # the stack's etcd serves TLS in the --tls profile: the CLI verifies it with this CA
+        "LIKES_TLS_CA_FILE": s.tls_ca_file or "",
     }
 
 

@@ -44,11 +44,13 @@ def test_each_workload_runs_its_rendered_spec(stack: Stack, workload: str) -> No
     # transform changed it; nothing else reaches the process (no inherited LIKES_*)
     changed = {
         name
-        for t in ("service-address", "external-endpoint", "secret")
+        for t in ("service-address", "external-endpoint", "secret", "tls")
         for name in expected.applied.get(t, [])
     }
     for name, value in container.env.items():
         if name in changed:
+            # as the transform says (the tls one: the stack's CA file, or empty for plaintext)
+            assert env.get(name, "") == expected.env.get(name, ""), f"{workload}: {name}"
             continue
         assert env.get(name) == value, f"{workload}: {name} runs as {env.get(name)!r}"
     # (a transform may add one only to point a production default at a local stand-in)
