@@ -27,6 +27,8 @@ DAY_MS = 24 * 3600 * 1000
 EVENT_TOPICS = ("likes.committed", "likes.voided", "likes.unvoided")
 DEAD_LETTER = "likes.dead-letter"
 RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+PEER_LISTENER = "peers"  # the peer regions' MirrorMaker 2 (their likes:peers[].kafkaBootstrap)
+PEER_PORT = 9094
 
 
 @dataclass(frozen=True)
@@ -253,8 +255,8 @@ class Kafka(pulumi.ComponentResource):
             # Peer regions' MirrorMaker 2 reach this cluster over an internal NLB (VPC peering).
             listeners.append(
                 {
-                    "name": "peers",
-                    "port": 9094,
+                    "name": PEER_LISTENER,
+                    "port": PEER_PORT,
                     "type": "loadbalancer",
                     "tls": True,
                     "authentication": {"type": "scram-sha-512"},

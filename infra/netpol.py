@@ -25,6 +25,7 @@ import pulumi_kubernetes as k8s
 
 from infra import etcd, schema_registry, scylla
 from infra import k8s as kx
+from infra import kafka as kafka_infra
 from infra import redis as redis_infra
 from services.contracts import workloads
 
@@ -43,7 +44,7 @@ STRIMZI_REPLICATION = 9091
 STRIMZI_AGENT = 8443
 STRIMZI_METRICS = 9404
 CONNECT_REST = 8083
-KAFKA_PEERS_PORT = 9094  # the listener the peer regions' MirrorMaker 2 pulls from
+KAFKA_PEERS_PORT = kafka_infra.PEER_PORT  # the listener the peer regions' MirrorMaker 2 uses
 # Scylla: inter-node (plain and TLS), Prometheus metrics, and the manager agent's API, which the
 # Scylla Operator calls (scyllaclient's default port).
 SCYLLA_INTERNODE = (7000, 7001)

@@ -30,8 +30,14 @@ ERRORS = Counter("likes_hotkeys_reconcile_errors_total", "Failed reconcile passe
 
 
 async def read_policy(reconciler: Reconciler, current: Policy) -> Policy:
-    """The policy in etcd, or `current` when absent or invalid (logged, never fatal)."""
-    raw = await reconciler._prefix(POLICY_KEY)
+    """The policy in etcd, or `current` when absent or invalid (logged, never fatal). etcd not
+    answering in time (a slow first login on a loaded machine timed the operator out at start):
+    EtcdUnavailable, which the loop retries, as it does a pass."""
+    try:
+        raw = await reconciler._prefix(POLICY_KEY)
+    except Exception as e:
+        await reconciler._drop_etcd()
+        raise EtcdUnavailable(f"etcd: policy not read: {e!r}") from e
     value = raw.get("")
     if value is None:
         return Policy()

@@ -131,3 +131,27 @@ async def test_an_etcd_outage_is_retried_as_a_temporary_error_with_an_event(
         )
     assert len(reconciler.policies) >= 2  # failed once, then retried and succeeded
     assert any("retrying" in m for m in messages), messages
+
+
+def test_the_local_loop_survives_an_etcd_that_does_not_answer_its_policy_read() -> None:
+    """At start the loop reads the policy before its first pass; an etcd that refuses or does
+    not answer in time (a slow first login over TLS on a loaded machine) must be a retried
+    EtcdUnavailable, not an exception that ends the process."""
+    import socket
+
+    from operators.hotkeys.local_loop import read_policy
+    from operators.hotkeys.reconciler import Reconciler
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reconciler = Reconciler("127.0.0.1", port, None, None, timeout_s=0.5)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        try:
+            await read_policy(reconciler, Policy())
+        finally:
+            await reconciler._drop_etcd()
+
+    with pytest.raises(EtcdUnavailable, match="policy not read"):
+        asyncio.run(go())
