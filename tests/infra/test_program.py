@@ -333,3 +333,24 @@ def test_operator_runs_the_kopf_wiring_module(plans: dict[str, plan.Plan]) -> No
         *registry._changing.get_all_handlers(),
     ]
     assert any(h.fn.__module__ == module for h in handlers), f"{module} registers no handler"
+
+
+def test_each_peer_reaches_the_other_regions_peer_listener(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig]
+) -> None:
+    """A stack's `likes:peers[].kafkaBootstrap` names the peer region's Kafka: its port must be
+    the listener the peer stack opens for MirrorMaker 2 (TLS, SCRAM), not an in-cluster one (the
+    stacks named 9093, the in-cluster mTLS listener)."""
+    by_region = {cfg.region: name for name, cfg in configs.items()}
+    checked = 0
+    for name, cfg in configs.items():
+        for peer in cfg.peers:
+            other = plans[by_region[peer.region]]
+            k = named(other, "Kafka", kafka.KafkaArgs.cluster_name).inputs
+            port = int(peer.kafka_bootstrap.rsplit(":", 1)[1])
+            listeners = {x["port"]: x for x in k["spec"]["kafka"]["listeners"]}
+            assert port in listeners, f"{name}: peer {peer.region} opens no listener on {port}"
+            assert listeners[port]["name"] == kafka.PEER_LISTENER, name
+            assert listeners[port]["tls"] is True
+            checked += 1
+    assert checked >= 2  # prod-us and prod-eu peer each other

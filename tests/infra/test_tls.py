@@ -202,23 +202,3 @@ def test_the_internal_ca_component_is_declared_once(stack_plan: plan.Plan) -> No
     assert tls_infra.SELF_SIGNED in {
         r.inputs["metadata"]["name"] for r in by_kind(stack_plan, "ClusterIssuer")
     }
-
-
-def test_each_peer_reaches_the_other_regions_peer_listener_over_tls(
-    plans: dict[str, plan.Plan], configs: dict[str, Any]
-) -> None:
-    """A stack's `likes:peers[].kafkaBootstrap` names the peer region's Kafka: its port must be
-    the listener the peer stack opens for MirrorMaker 2 (TLS, SCRAM), not its in-cluster ones."""
-    by_region = {cfg.region: name for name, cfg in configs.items()}
-    checked = 0
-    for name, cfg in configs.items():
-        for peer in cfg.peers:
-            other = plans[by_region[peer.region]]
-            k = named(other, "Kafka", kafka_infra.KafkaArgs.cluster_name).inputs
-            port = int(peer.kafka_bootstrap.rsplit(":", 1)[1])
-            listeners = {x["port"]: x for x in k["spec"]["kafka"]["listeners"]}
-            assert port in listeners, f"{name}: peer {peer.region} opens no listener on {port}"
-            assert listeners[port]["name"] == kafka_infra.PEER_LISTENER, name
-            assert listeners[port]["tls"] is True
-            checked += 1
-    assert checked >= 2  # prod-us and prod-eu peer each other
