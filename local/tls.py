@@ -37,6 +37,12 @@ def ca_file(layout: Layout) -> Path:
     return root(layout) / CA_DIR / tls.CA_KEY
 
 
+def client_ca(layout: Layout) -> str | None:
+    """The CA a client of this stack verifies its servers with: the --tls profile's, or None
+    (plaintext)."""
+    return str(ca_file(layout)) if layout.tls else None
+
+
 def server_dir(layout: Layout, server: tls.ServerCert) -> Path:
     return root(layout) / server.server
 

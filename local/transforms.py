@@ -188,7 +188,7 @@ def _addresses(layout: Layout) -> dict[str, str | None]:
 
 def _tls(layout: Layout) -> dict[str, str | None]:
     # empty: plaintext, said explicitly (a staging or prod settings class refuses an unset CA)
-    return {"tls_ca_file": str(local_tls.ca_file(layout)) if layout.tls else ""}
+    return {"tls_ca_file": local_tls.client_ca(layout) or ""}
 
 
 def _external(layout: Layout) -> dict[str, str | None]:
@@ -254,7 +254,13 @@ def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) 
     tls_files = {cls.env_name(f): v for f, v in _tls(layout).items() if f in cls.model_fields}
     values = stack_secrets(layout)
     env: dict[str, str] = {}
-    applied: dict[str, list[str]] = {t: [] for t in ("service-address", "external-endpoint", "tls")}
+    # the env transforms that replace a rendered value, each with its {name: local value}
+    replacements = (
+        ("external-endpoint", external),
+        ("tls", tls_files),
+        ("service-address", by_env),
+    )
+    applied: dict[str, list[str]] = {t: [] for t, _ in replacements}
     applied["secret"] = []
     for name, value in c.env.items():
         if isinstance(value, rendered.SecretRef):
@@ -263,23 +269,15 @@ def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) 
                 raise Disagreement(w.name, f"env {name}", f"references unknown secret {ref}")
             applied["secret"].append(name)
             value = values[ref]
-        if name in external:
-            applied["external-endpoint"].append(name)
-            new = external[name]
-            if new is not None:
-                env[name] = new
-            continue
-        if name in tls_files:
-            applied["tls"].append(name)
-            new = tls_files[name]
-            if new is not None:
-                env[name] = new
-            continue
-        if name in by_env:
-            applied["service-address"].append(name)
-            env[name] = str(by_env[name])
-            continue
-        env[name] = value
+        for tid, local in replacements:
+            if name in local:
+                applied[tid].append(name)
+                new = local[name]
+                if new is not None:  # None: the variable is dropped
+                    env[name] = new
+                break
+        else:
+            env[name] = value
     # endpoints the program leaves at their production default (Cloudflare's API) are pointed
     # at the local stand-in too
     for name, new in external.items():

@@ -103,12 +103,12 @@ class Stack:
     @property
     def ca_file(self) -> str | None:
         """The stack's CA (the test stack runs the --tls profile, as production serves TLS)."""
-        return str(local_tls.ca_file(self.layout)) if self.layout.tls else None
+        return local_tls.client_ca(self.layout)
 
     @property
     def cassandra_ssl(self) -> ssl.SSLContext | None:
         """A driver session's TLS to the stack's Cassandra (what clients.cassandra_tls builds)."""
-        return tls.client_context(self.ca_file, check_hostname=False) if self.ca_file else None
+        return tls.cassandra_context(self.ca_file) if self.ca_file else None
 
     @property
     def registry_verify(self) -> ssl.SSLContext | bool:

@@ -187,9 +187,8 @@ class Cassandra(Component):
     @property
     def ssl_context(self) -> ssl.SSLContext | None:
         """A client's TLS to this node in the --tls profile (as clients.cassandra_tls builds)."""
-        if not self.layout.tls:
-            return None
-        return tls.client_context(str(local_tls.ca_file(self.layout)), check_hostname=False)
+        ca = local_tls.client_ca(self.layout)
+        return tls.cassandra_context(ca) if ca else None
 
     @property
     def native_port(self) -> int:

@@ -96,7 +96,7 @@ class Etcd(Component):
 
         root = transforms.stack_secrets(self.layout)[transforms.ETCD_ROOT]
         port = self.layout.ports.etcd_client
-        ca = str(local_tls.ca_file(self.layout)) if self.layout.tls else None
+        ca = local_tls.client_ca(self.layout)
         asyncio.run(etcd_auth.apply(HOST, port, root, credentials(self.layout), ca_file=ca))
 
     def metrics_targets(self) -> list[str]:

@@ -96,7 +96,7 @@ def login(layout: Layout, user: str) -> kafka_contract.Credentials:
 
 def ca_file(layout: Layout) -> str | None:
     """The CA clients verify the brokers against (the --tls profile); None: plaintext."""
-    return str(local_tls.ca_file(layout)) if layout.tls else None
+    return local_tls.client_ca(layout)
 
 
 def client_config(layout: Layout, creds: kafka_contract.Credentials) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def url(layout: Layout) -> str:
 
 
 def ca_file(layout: Layout) -> str | None:
-    return str(local_tls.ca_file(layout)) if layout.tls else None
+    return local_tls.client_ca(layout)
 
 
 def verify(layout: Layout) -> ssl.SSLContext | bool:

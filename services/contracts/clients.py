@@ -186,7 +186,7 @@ def cassandra_tls(settings: Settings) -> ssl.SSLContext | None:
     the name is not (contracts/tls.py says why)."""
     if settings.tls_ca_file is None:
         return None
-    return tls.client_context(settings.tls_ca_file, check_hostname=False)
+    return tls.cassandra_context(settings.tls_ca_file)
 
 
 def schema_registry(settings: Settings) -> SchemaRegistryClient:

@@ -53,6 +53,11 @@ def workload_secret(workload: str) -> str:
     return f"{workload}-tls"
 
 
+def cassandra_context(ca_file: str) -> ssl.SSLContext:
+    """The edge-store's client context: the chain is verified, the name is not (see above)."""
+    return client_context(ca_file, check_hostname=False)
+
+
 def client_context(ca_file: str, check_hostname: bool = True) -> ssl.SSLContext:
     """A client context that trusts only the platform's CA (not the system store: a public
     certificate for one of our names must not pass)."""

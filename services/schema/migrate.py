@@ -31,7 +31,7 @@ def main() -> None:
 
     env = os.environ
     ca_file = env.get(Settings.env_name("tls_ca_file"))  # Scylla's client port serves TLS
-    ssl_context = tls.client_context(ca_file, check_hostname=False) if ca_file else None
+    ssl_context = tls.cassandra_context(ca_file) if ca_file else None
 
     def connect(user: str, password: str) -> tuple[Cluster, Session]:
         cluster = Cluster(

@@ -92,7 +92,7 @@ def test_kafka_refuses_plaintext_and_a_foreign_ca(stack: Stack, ca: str, other_c
 
 
 def test_cassandra_refuses_plaintext_and_a_foreign_ca(stack: Stack, ca: str, other_ca: str) -> None:
-    for context in (None, tls.client_context(other_ca, check_hostname=False)):
+    for context in (None, tls.cassandra_context(other_ca)):
         cluster = Cluster(
             [stack.host],
             port=stack.cassandra_port,
@@ -107,7 +107,7 @@ def test_cassandra_refuses_plaintext_and_a_foreign_ca(stack: Stack, ca: str, oth
         [stack.host],
         port=stack.cassandra_port,
         auth_provider=stack.cassandra_auth,
-        ssl_context=tls.client_context(ca, check_hostname=False),
+        ssl_context=tls.cassandra_context(ca),
     )
     try:
         row = cluster.connect().execute("SELECT release_version FROM system.local").one()
