@@ -105,6 +105,7 @@ from envoy_data_plane.envoy.extensions.http.original_ip_detection.custom_header.
 from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
     CertificateValidationContext,
     CommonTlsContext,
+    CommonTlsContextCombinedCertificateValidationContext,
     DownstreamTlsContext,
     SdsSecretConfig,
     Secret,
@@ -123,7 +124,7 @@ from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
 from envoy_data_plane.envoy.type.v3 import FractionalPercent, FractionalPercentDenominatorType
 from envoy_data_plane.google.protobuf import Any, Empty, Struct, Value
 
-from services.contracts import routes
+from services.contracts import routes, tls
 
 __all__ = [
     "BATCH_READ_PATH",
@@ -136,6 +137,9 @@ __all__ = [
     "READ_PATH_REGEX",
     "ROUTE_DESCRIPTOR_KEY",
     "SAMPLER_CLUSTER",
+    "SERVICE_CLUSTERS",
+    "UPSTREAM_CA_SECRET",
+    "UPSTREAM_CLIENT_SECRET",
     "USER_DESCRIPTOR_KEY",
     "WRITE_CLUSTER",
     "WRITE_DESCRIPTOR_VALUE",
@@ -167,6 +171,12 @@ READ_CLUSTER = "read_svc"
 SAMPLER_CLUSTER = "hotkey_sampler"
 RATELIMIT_CLUSTER = "ratelimit"
 JWKS_CLUSTER = "jwks"
+# Gateway -> service mTLS: the gateway's own certificate (its client identity) and the CA the
+# services' certificates chain to, both from the gateway's certificate Secret at
+# EnvoyParams.upstream_tls_dir; static SDS secrets so a renewal is picked up without a restart
+UPSTREAM_CLIENT_SECRET = "upstream_client"
+UPSTREAM_CA_SECRET = "upstream_ca"
+SERVICE_CLUSTERS = (WRITE_CLUSTER, READ_CLUSTER, SAMPLER_CLUSTER)
 
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -192,6 +202,8 @@ class EnvoyParams:
     # the TCP peer is the client. Only safe if the origin accepts Cloudflare's ranges alone.
     client_ip_header: str = "CF-Connecting-IP"
     tls_cert_dir: str = "/etc/envoy/tls"  # the Kubernetes TLS secret, mounted (tls.crt, tls.key)
+    # the gateway's internal certificate (ca.crt, tls.crt, tls.key): mTLS to our services
+    upstream_tls_dir: str = tls.MOUNT_DIR
     ca_bundle: str = "/etc/ssl/certs/ca-certificates.crt"  # roots the JWKS fetch trusts
     admin_port: int = 9901
     ratelimit_timeout_ms: int = 50
@@ -258,6 +270,7 @@ def _cluster(
     tls_sni: str | None = None,
     ca_bundle: str = "",
     eject_failing_hosts: bool = True,
+    mtls: bool = False,
 ) -> Cluster:
     host, port = _host_port(upstream, name)
     cluster = Cluster(
@@ -291,6 +304,33 @@ def _cluster(
             )
         )
         cluster.typed_extension_protocol_options = {_HTTP_PROTOCOL_OPTIONS: Any.pack(options)}
+    if mtls:
+        # gateway -> service mTLS: present the gateway's certificate; accept only a service
+        # certificate from the platform CA that names the Service dialled
+        cluster.transport_socket = TransportSocket(
+            name="envoy.transport_sockets.tls",
+            typed_config=Any.pack(
+                UpstreamTlsContext(
+                    sni=host,
+                    common_tls_context=CommonTlsContext(
+                        tls_params=TlsParameters(
+                            tls_minimum_protocol_version=TlsParametersTlsProtocol.TLSv1_2
+                        ),
+                        tls_certificate_sds_secret_configs=[
+                            SdsSecretConfig(name=UPSTREAM_CLIENT_SECRET)
+                        ],
+                        combined_validation_context=CommonTlsContextCombinedCertificateValidationContext(
+                            default_validation_context=CertificateValidationContext(
+                                match_typed_subject_alt_names=[_dns_san(host)]
+                            ),
+                            validation_context_sds_secret_config=SdsSecretConfig(
+                                name=UPSTREAM_CA_SECRET
+                            ),
+                        ),
+                    ),
+                )
+            ),
+        )
     if tls_sni is not None:
         # verify the peer against the system roots and the host name: a forged JWKS would let
         # anyone mint tokens
@@ -300,12 +340,7 @@ def _cluster(
                 validation_context=CertificateValidationContext(
                     # system_root_certs is gRPC-only (Envoy refuses SAN checks without a CA)
                     trusted_ca=DataSource(filename=ca_bundle),
-                    match_typed_subject_alt_names=[
-                        SubjectAltNameMatcher(
-                            san_type=SubjectAltNameMatcherSanType.DNS,
-                            matcher=StringMatcher(exact=tls_sni),
-                        )
-                    ],
+                    match_typed_subject_alt_names=[_dns_san(tls_sni)],
                 )
             ),
         )
@@ -313,6 +348,12 @@ def _cluster(
             name="envoy.transport_sockets.tls", typed_config=Any.pack(tls)
         )
     return cluster
+
+
+def _dns_san(name: str) -> SubjectAltNameMatcher:
+    return SubjectAltNameMatcher(
+        san_type=SubjectAltNameMatcherSanType.DNS, matcher=StringMatcher(exact=name)
+    )
 
 
 def _method(method: str) -> HeaderMatcher:
@@ -555,17 +596,30 @@ def _listener(params: EnvoyParams) -> Listener:
     )
 
 
-def _tls_secret(params: EnvoyParams) -> Secret:
-    cert_dir = params.tls_cert_dir.rstrip("/")
-    return Secret(
-        name=params.tls_secret_name,
-        tls_certificate=TlsCertificate(
-            certificate_chain=DataSource(filename=f"{cert_dir}/tls.crt"),
-            private_key=DataSource(filename=f"{cert_dir}/tls.key"),
-            # Kubernetes swaps the mounted secret atomically; reload the pair when it rotates
-            watched_directory=WatchedDirectory(path=cert_dir),
+def _tls_secrets(params: EnvoyParams) -> list[Secret]:
+    def pair(name: str, cert_dir: str) -> Secret:
+        return Secret(
+            name=name,
+            tls_certificate=TlsCertificate(
+                certificate_chain=DataSource(filename=f"{cert_dir}/{tls.CERT_KEY}"),
+                private_key=DataSource(filename=f"{cert_dir}/{tls.KEY_KEY}"),
+                # Kubernetes swaps the mounted secret atomically; reload the pair when it rotates
+                watched_directory=WatchedDirectory(path=cert_dir),
+            ),
+        )
+
+    upstream = params.upstream_tls_dir.rstrip("/")
+    return [
+        pair(params.tls_secret_name, params.tls_cert_dir.rstrip("/")),
+        pair(UPSTREAM_CLIENT_SECRET, upstream),
+        Secret(
+            name=UPSTREAM_CA_SECRET,
+            validation_context=CertificateValidationContext(
+                trusted_ca=DataSource(filename=f"{upstream}/{tls.CA_KEY}"),
+                watched_directory=WatchedDirectory(path=upstream),
+            ),
         ),
-    )
+    ]
 
 
 def bootstrap_message(params: EnvoyParams) -> Bootstrap:
@@ -585,10 +639,15 @@ def bootstrap_message(params: EnvoyParams) -> Bootstrap:
         static_resources=BootstrapStaticResources(
             listeners=[_listener(params)],
             clusters=[
-                _cluster(WRITE_CLUSTER, params.write_upstream),
-                _cluster(READ_CLUSTER, params.read_upstream),
+                _cluster(WRITE_CLUSTER, params.write_upstream, mtls=True),
+                _cluster(READ_CLUSTER, params.read_upstream, mtls=True),
                 # mirrored traffic is fire-and-forget; never eject on its answers
-                _cluster(SAMPLER_CLUSTER, params.sampler_upstream, eject_failing_hosts=False),
+                _cluster(
+                    SAMPLER_CLUSTER,
+                    params.sampler_upstream,
+                    eject_failing_hosts=False,
+                    mtls=True,
+                ),
                 _cluster(RATELIMIT_CLUSTER, params.ratelimit_upstream, http2=True),
                 _cluster(
                     JWKS_CLUSTER,
@@ -598,7 +657,7 @@ def bootstrap_message(params: EnvoyParams) -> Bootstrap:
                     eject_failing_hosts=False,
                 ),
             ],
-            secrets=[_tls_secret(params)],
+            secrets=_tls_secrets(params),
         ),
     )
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -14,6 +15,8 @@ import yaml
 
 from infra import envoy_config
 from infra import k8s as kx
+from infra import tls as tls_infra
+from services.contracts import tls
 
 LISTENER_PORT = 8443
 ADMIN_PORT = 9901
@@ -83,6 +86,7 @@ class GatewayArgs:
     ratelimit_image: str = f"envoyproxy/ratelimit:{RATELIMIT_COMMIT}"
     redis_image: str = "redis:7.4"
     depends_on: Sequence[pulumi.Resource] = ()
+    cert_depends_on: Sequence[pulumi.Resource] = ()  # the internal CA's issuer
 
 
 def envoy_params(args: GatewayArgs, namespace: str) -> envoy_config.EnvoyParams:
@@ -98,13 +102,26 @@ def envoy_params(args: GatewayArgs, namespace: str) -> envoy_config.EnvoyParams:
         jwks_uri=args.jwks_uri,
         jwt_audiences=(args.jwt_audience,) if args.jwt_audience else (),
         tls_secret_name=TLS_SECRET,
+        upstream_tls_dir=tls.MOUNT_DIR,
         admin_port=ADMIN_PORT,
     )
+
+
+def clusters(bootstrap: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(cluster, host:port) of every endpoint a rendered Envoy bootstrap sends to."""
+    return [
+        (c["name"], f"{a['address']}:{a['portValue']}")
+        for c in bootstrap["staticResources"]["clusters"]
+        for locality in c["loadAssignment"]["endpoints"]
+        for lb in locality["lbEndpoints"]
+        for a in [lb["endpoint"]["address"]["socketAddress"]]
+    ]
 
 
 class Gateway(pulumi.ComponentResource):
     service: k8s.core.v1.Service
     hostname: pulumi.Output[str]
+    dials: list[kx.Dial]  # what Envoy's clusters and the limiter's Redis URL name
 
     def __init__(
         self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None
@@ -112,7 +129,8 @@ class Gateway(pulumi.ComponentResource):
         super().__init__("likes:infra:Gateway", name, None, opts)
         ns = args.namespace
         child = pulumi.ResourceOptions(parent=self)
-        bootstrap = json.dumps(envoy_config.build_bootstrap(envoy_params(args, ns)), indent=1)
+        envoy = envoy_config.build_bootstrap(envoy_params(args, ns))
+        bootstrap = json.dumps(envoy, indent=1)
         ratelimit_yaml = yaml.safe_dump(
             envoy_config.ratelimit_service_config(
                 RATELIMIT_DOMAIN,
@@ -122,7 +140,15 @@ class Gateway(pulumi.ComponentResource):
             ),
             sort_keys=False,
         )
-        self._ratelimit(ns, ratelimit_yaml, args.ratelimit_image, args.redis_image)
+        redis_url = f"ratelimit-redis.{ns}.svc.cluster.local:{RATELIMIT_REDIS_PORT}"
+        self._ratelimit(ns, ratelimit_yaml, args.ratelimit_image, args.redis_image, redis_url)
+        self.dials = [
+            *(
+                kx.Dial(ns, "envoy", address, f"Envoy's cluster {c}")
+                for c, address in clusters(envoy)
+            ),
+            kx.Dial(ns, "ratelimit", redis_url, "the limiter's counters"),
+        ]
         lbls = kx.labels("envoy", "gateway", "edge")
         match = kx.selector("envoy")
         # Issued by cert-manager (installed by the platform component) from the ACME issuer.
@@ -162,8 +188,13 @@ class Gateway(pulumi.ComponentResource):
             volume_mounts=[
                 kx.mount("config", ENVOY_CONFIG_DIR, read_only=True),
                 kx.mount("tls", "/etc/envoy/tls", read_only=True),
+                # its client certificate to our services (mTLS) and the CA theirs chain to
+                kx.mount("internal-tls", tls.MOUNT_DIR, read_only=True),
                 kx.mount("tmp", "/tmp"),
             ],
+        )
+        internal_secret, internal_cert = tls_infra.workload_certificate(
+            tls.GATEWAY, ns, self, args.cert_depends_on
         )
         deployment = k8s.apps.v1.Deployment(
             "envoy",
@@ -190,13 +221,16 @@ class Gateway(pulumi.ComponentResource):
                                 name="tls",
                                 secret=kx.core.SecretVolumeSourceArgs(secret_name=TLS_SECRET),
                             ),
+                            tls_infra.cert_volume("internal-tls", internal_secret),
                             kx.empty_dir("tmp"),
                         ],
                     ),
                 ),
             ),
             # Replicas belong to the HPA; declaring them here would fight it on every update.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["spec.replicas"]),
+            opts=pulumi.ResourceOptions(
+                parent=self, ignore_changes=["spec.replicas"], depends_on=[internal_cert]
+            ),
         )
         kx.hpa("envoy", ns, lbls, "Deployment", args.min_replicas, args.max_replicas, child)
         kx.pdb("envoy", ns, match, lbls, child, max_unavailable="10%")
@@ -225,7 +259,9 @@ class Gateway(pulumi.ComponentResource):
         self.hostname = self.service.status.apply(_lb_hostname)
         self.register_outputs({"hostname": self.hostname})
 
-    def _ratelimit(self, ns: str, config_yaml: str, image: str, redis_image: str) -> None:
+    def _ratelimit(
+        self, ns: str, config_yaml: str, image: str, redis_image: str, redis_url: str
+    ) -> None:
         child = pulumi.ResourceOptions(parent=self)
         lbls = kx.labels("ratelimit", "ratelimit", "edge")
         match = kx.selector("ratelimit")
@@ -248,7 +284,7 @@ class Gateway(pulumi.ComponentResource):
                     "USE_STATSD": "false",
                     "LOG_LEVEL": "info",
                     "REDIS_SOCKET_TYPE": "tcp",
-                    "REDIS_URL": f"ratelimit-redis.{ns}.svc.cluster.local:{RATELIMIT_REDIS_PORT}",
+                    "REDIS_URL": redis_url,
                     "RUNTIME_ROOT": RATELIMIT_RUNTIME_ROOT,
                     "RUNTIME_SUBDIRECTORY": RATELIMIT_RUNTIME_SUBDIRECTORY,
                     "RUNTIME_WATCH_ROOT": "false",

@@ -138,14 +138,16 @@ class Operator(pulumi.ComponentResource):
                                 env=kx.env({**args.env, "PYTHONDONTWRITEBYTECODE": "1"}),
                                 ports=[
                                     kx.core.ContainerPortArgs(
-                                        name="health", container_port=WORKLOAD.port
+                                        name="health", container_port=WORKLOAD.ops_port
                                     )
                                 ],
                                 resources=kx.resources("200m", "256Mi", cpu_limit="1"),
                                 liveness_probe=kx.http_probe(
-                                    workloads.HEALTH_PATH, WORKLOAD.port, delay=10
+                                    workloads.HEALTH_PATH, WORKLOAD.ops_port, delay=10
                                 ),
-                                readiness_probe=kx.http_probe(WORKLOAD.ready_path, WORKLOAD.port),
+                                readiness_probe=kx.http_probe(
+                                    WORKLOAD.ready_path, WORKLOAD.ops_port
+                                ),
                                 security_context=kx.security(),
                                 volume_mounts=[kx.mount("tls", tls.MOUNT_DIR, True)],
                             )

@@ -17,8 +17,6 @@ from services.contracts import etcd, registry, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles
 
-HTTP_PORT = workloads.HTTP_PORT
-METRICS_PORT = workloads.OPS_PORT
 AUTH_SECRET = "redis-auth"
 CDN_PURGE_SECRET = "cdn-purge"  # key `token`: the aggregator purges the CDN with it
 
@@ -89,7 +87,9 @@ class Services(pulumi.ComponentResource):
         for spec in args.services:
             self._service(spec, args)
             if spec.http:
-                self.upstreams[spec.name] = f"{spec.name}.{ns}.svc.cluster.local:{HTTP_PORT}"
+                self.upstreams[spec.name] = (
+                    f"{spec.name}.{ns}.svc.cluster.local:{spec.workload.port}"
+                )
         self.register_outputs({"upstreams": self.upstreams})
 
     def _service(self, spec: ServiceSpec, args: ServicesArgs) -> None:
@@ -98,10 +98,12 @@ class Services(pulumi.ComponentResource):
         lbls = kx.labels(spec.name, "http" if spec.http else "worker", "app")
         match = kx.selector(spec.name)
         kx.service_account(spec.name, ns, lbls, child)
-        port = HTTP_PORT if spec.http else METRICS_PORT
+        ops_port = spec.workload.ops_port  # probes and scrapes, plain HTTP
+        ports = {"metrics": ops_port}
         if spec.http:
+            ports = {"http": spec.workload.port, **ports}  # the API: mTLS from the gateway
             # Headless: Envoy resolves every pod (STRICT_DNS) and ejects outliers itself.
-            kx.headless_service(spec.name, ns, lbls, match, {"http": HTTP_PORT}, child)
+            kx.headless_service(spec.name, ns, lbls, match, {"http": spec.workload.port}, child)
         env = kx.env({**spec.env, "PYTHONDONTWRITEBYTECODE": "1"})
         command = spec.workload.command()
         memory = f"{spec.scale.memory_mi}Mi"
@@ -110,14 +112,10 @@ class Services(pulumi.ComponentResource):
             image=args.image,
             command=command,
             env=env,
-            ports=[
-                kx.core.ContainerPortArgs(
-                    name="http" if spec.http else "metrics", container_port=port
-                )
-            ],
+            ports=[kx.core.ContainerPortArgs(name=n, container_port=p) for n, p in ports.items()],
             resources=kx.resources(spec.scale.cpu, memory, cpu_limit=_double(spec.scale.cpu)),
-            liveness_probe=kx.http_probe(workloads.HEALTH_PATH, port, delay=5),
-            readiness_probe=kx.http_probe(spec.workload.ready_path, port, period=5),
+            liveness_probe=kx.http_probe(workloads.HEALTH_PATH, ops_port, delay=5),
+            readiness_probe=kx.http_probe(spec.workload.ready_path, ops_port, period=5),
             security_context=kx.security(),
             volume_mounts=[kx.mount("tmp", "/tmp"), kx.mount("tls", tls.MOUNT_DIR, True)],
         )
@@ -133,7 +131,7 @@ class Services(pulumi.ComponentResource):
                         labels=lbls,
                         annotations={
                             observability.SCRAPE_ANNOTATION: "true",
-                            observability.PORT_ANNOTATION: str(port),
+                            observability.PORT_ANNOTATION: str(ops_port),
                             observability.PATH_ANNOTATION: workloads.METRICS_PATH,
                         },
                     ),

@@ -130,9 +130,7 @@ def workload_certificate(
     return secret, cert
 
 
-def service_names(service: str, namespace: str) -> list[str]:
-    """The names a Service is dialled by in-cluster (short forms first)."""
-    return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+service_names = tls.service_names  # defined once: the local stack issues the same names
 
 
 def ca_volume(volume: str, secret: str) -> kx.core.VolumeArgs:

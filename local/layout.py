@@ -89,6 +89,18 @@ class Ports:
         return self._p(8200)
 
     @property
+    def write_ops(self) -> int:
+        return self._p(8170)  # /healthz, /readyz, /metrics (the program's ops port)
+
+    @property
+    def read_ops(self) -> int:
+        return self._p(8270)
+
+    @property
+    def hotkey_sampler_ops(self) -> int:
+        return self._p(8570)
+
+    @property
     def relay(self) -> int:
         return self._p(8300)  # metrics/health only
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from local.layout import HOST, Layout
-from services.contracts import tls
+from services.contracts import tls, workloads
 
 CA_DIR = "ca"
 KEYSTORE = "keystore.pem"  # tls.key + tls.crt in one file: Kafka's and Cassandra's PEM keystore
@@ -45,6 +45,23 @@ def client_ca(layout: Layout) -> str | None:
 
 def server_dir(layout: Layout, server: tls.ServerCert) -> Path:
     return root(layout) / server.server
+
+
+def workload_dir(layout: Layout, workload: str) -> Path:
+    """An HTTP service's (or the gateway's) certificate folder: what the program mounts at
+    tls.MOUNT_DIR (gateway -> service mTLS)."""
+    return root(layout) / workload
+
+
+def _certs() -> list[tuple[str, tuple[str, ...]]]:
+    """(folder, extra DNS names) of every certificate the stack issues: the stores', and each
+    HTTP service's under the in-cluster names the gateway's render dials and checks."""
+    out: list[tuple[str, tuple[str, ...]]] = [(s.server, ()) for s in tls.SERVERS]
+    for w in workloads.SERVICES:
+        if w.kind == "http":
+            out.append((w.name, tuple(tls.service_names(w.name, workloads.NAMESPACE))))
+    out.append((tls.GATEWAY, ()))  # a client certificate: its names are not checked
+    return out
 
 
 def _name(cn: str) -> x509.Name:
@@ -109,7 +126,10 @@ def _ca(layout: Layout) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
 
 
 def _issue(
-    ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, cn: str
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    cn: str,
+    dns_names: tuple[str, ...] = (),
 ) -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
@@ -123,7 +143,11 @@ def _issue(
         .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
         .add_extension(
             x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]
+                [
+                    x509.DNSName("localhost"),
+                    *(x509.DNSName(n) for n in dns_names),
+                    x509.IPAddress(ipaddress.ip_address(HOST)),
+                ]
             ),
             critical=False,
         )
@@ -143,7 +167,8 @@ def _issue(
 
 
 def ensure(layout: Layout) -> list[str]:
-    """The CA and a certificate for every server of tls.SERVERS; returns the servers whose
+    """The CA and a certificate for every server of tls.SERVERS, each HTTP service and the
+    gateway; returns the folders whose
     certificate was made now ([] on a rerun: a server keeps its files across `up`s). Several
     components prepare at once (threads of one `up`, or two `up`s): one at a time makes them."""
     lock = root(layout) / ".lock"
@@ -157,14 +182,14 @@ def _ensure(layout: Layout) -> list[str]:
     ca, ca_key = _ca(layout)
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)
     made = []
-    for server in tls.SERVERS:
-        d = server_dir(layout, server)
+    for name, dns_names in _certs():
+        d = root(layout) / name
         if (d / KEYSTORE).exists() and (d / tls.CA_KEY).read_bytes() == ca_pem:
             continue
-        cert, key = _issue(ca, ca_key, f"{server.server}.local")
+        cert, key = _issue(ca, ca_key, f"{name}.local", dns_names)
         _write(d / tls.CA_KEY, ca_pem)
         _write(d / tls.CERT_KEY, cert)
         _write(d / tls.KEY_KEY, key, 0o600)
         _write(d / KEYSTORE, key + cert, 0o600)
-        made.append(server.server)
+        made.append(name)
     return made

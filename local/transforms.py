@@ -68,14 +68,23 @@ TRANSFORMS: tuple[Transform, ...] = (
     Transform(
         "port",
         "command, ports, probes",
-        "the container port -> the workload's local port (local/layout.py)",
+        "the container ports (an HTTP service's API and ops ports; a worker's ops port) -> the "
+        "workload's local ports (local/layout.py)",
         "every workload shares one host, so each needs its own port",
     ),
     Transform(
         "interpreter",
         "command",
-        "`python` and `uvicorn` -> this checkout's virtualenv (python -m uvicorn)",
+        "`python` -> this checkout's virtualenv",
         "the image's interpreter is the venv here",
+    ),
+    Transform(
+        "service-tls",
+        "command",
+        f"an HTTP service's --tls-dir {tls.MOUNT_DIR} (its certificate; the API requires the "
+        "gateway's) -> its folder under <stack home>/tls (the --tls profile), or dropped (the "
+        "quick profile: a plain-HTTP API, as the gateway's upstreams are then)",
+        "cert-manager's Secrets are files of the stack's home here; the same names are issued",
     ),
     Transform(
         "operator-loop",
@@ -150,6 +159,16 @@ def local_port(layout: Layout, workload: str) -> int:
     }[workload]
 
 
+def local_ops_port(layout: Layout, workload: str) -> int:
+    """Where a workload's probes and metrics are served locally (a worker's one port)."""
+    p = layout.ports
+    return {
+        workloads.WRITE.name: p.write_ops,
+        workloads.READ.name: p.read_ops,
+        workloads.HOTKEY_SAMPLER.name: p.hotkey_sampler_ops,
+    }.get(workload) or local_port(layout, workload)
+
+
 def stack_secrets(layout: Layout) -> dict[str, str]:
     """`secret/key` -> value, created (0600) on first start and kept across `up`s."""
     path = layout.home / "secrets" / SECRETS_FILE
@@ -206,14 +225,19 @@ class Process:
     workload: workloads.Workload
     argv: list[str]
     env: dict[str, str]  # the workload's whole environment (nothing inherited but PATH)
-    port: int
+    port: int  # http: the API; worker, operator: the ops port
+    ops_port: int  # probes and metrics
     liveness_path: str
     readiness_path: str
     applied: dict[str, list[str]] = field(default_factory=dict)  # transform id -> what changed
 
 
 def _command(
-    w: workloads.Workload, c: rendered.Container, port: int
+    w: workloads.Workload,
+    c: rendered.Container,
+    port: int,
+    ops_port: int,
+    tls_dir: str | None,
 ) -> tuple[list[str], list[str]]:
     """The local argv for a rendered command, and the transforms it took."""
     cmd = list(c.command)
@@ -227,27 +251,42 @@ def _command(
             "bind-address",
             "port",
         ]
-    for flag, old, new, tid in (
-        ("--host", workloads.BIND_ALL, HOST, "bind-address"),
-        ("--port", str(c.ports.get("http", c.ports.get("metrics", w.port))), str(port), "port"),
-    ):
+    flags = [("--host", workloads.BIND_ALL, HOST, "bind-address")]
+    if w.kind == "http":
+        if cmd[:4] != ["python", "-m", workloads.SERVE_MODULE, w.module]:
+            raise Disagreement(
+                w.name, "command", f"expected python -m {workloads.SERVE_MODULE} {w.module}: {cmd}"
+            )
+        flags += [
+            ("--port", str(c.ports.get("http")), str(port), "port"),
+            ("--ops-port", str(c.ports.get("metrics")), str(ops_port), "port"),
+        ]
+    else:
+        flags.append(("--port", str(c.ports.get("metrics")), str(port), "port"))
+    for flag, old, new, tid in flags:
         if flag not in cmd or cmd[cmd.index(flag) + 1] != old:
             raise Disagreement(w.name, "command", f"expected {flag} {old}: {cmd}")
         cmd[cmd.index(flag) + 1] = new
         applied.append(tid)
-    if cmd[0] == "uvicorn":
-        cmd = [sys.executable, "-m", "uvicorn", *cmd[1:]]
-    elif cmd[0] == "python":
-        cmd = [sys.executable, *cmd[1:]]
-    else:
+    if w.kind == "http":  # service-tls
+        if "--tls-dir" not in cmd or cmd[cmd.index("--tls-dir") + 1] != tls.MOUNT_DIR:
+            raise Disagreement(w.name, "command", f"expected --tls-dir {tls.MOUNT_DIR}: {cmd}")
+        at = cmd.index("--tls-dir")
+        if tls_dir is None:
+            del cmd[at : at + 2]
+        else:
+            cmd[at + 1] = tls_dir
+        applied.append("service-tls")
+    if cmd[0] != "python":
         raise Disagreement(w.name, "command", f"unknown interpreter {cmd[0]!r}")
     applied.append("interpreter")
-    return cmd, applied
+    return [sys.executable, *cmd[1:]], applied
 
 
 def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) -> Process:
-    port = local_port(layout, w.name)
-    argv, cmd_applied = _command(w, c, port)
+    port, ops_port = local_port(layout, w.name), local_ops_port(layout, w.name)
+    tls_dir = str(local_tls.workload_dir(layout, w.name)) if layout.tls else None
+    argv, cmd_applied = _command(w, c, port, ops_port, tls_dir)
     cls = w.settings_class()
     by_env = {cls.env_name(f): v for f, v in _addresses(layout).items() if f in cls.model_fields}
     external = {cls.env_name(f): v for f, v in _external(layout).items() if f in cls.model_fields}
@@ -292,6 +331,7 @@ def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) 
         argv=argv,
         env=env,
         port=port,
+        ops_port=ops_port,
         liveness_path=c.liveness.path if c.liveness else workloads.HEALTH_PATH,
         readiness_path=c.readiness.path if c.readiness else w.ready_path,
         applied={k: v for k, v in applied.items() if v},
@@ -344,7 +384,7 @@ def workload_env(layout: Layout, workload: str) -> dict[str, str]:
 
 
 def _check_probes(w: workloads.Workload, c: rendered.Container) -> None:
-    port = w.port
+    port = w.ops_port
     for kind, probe, path in (
         ("livenessProbe", c.liveness, workloads.HEALTH_PATH),
         ("readinessProbe", c.readiness, w.ready_path),

@@ -4,6 +4,7 @@ can never count twice; used by the tests, the demo and the load tools."""
 from __future__ import annotations
 
 import random
+import ssl
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ class LikesClient:
     # through the gateway: each request claims a random client address in the CDN's header, as
     # many clients behind the CDN would (the per-IP rate limit keys on it)
     vary_client_ip: bool = False
+    # a service's API directly (not through the gateway) in the --tls profile: an SSLContext
+    # with the gateway's client certificate (services require one)
+    verify: ssl.SSLContext | bool = True
 
     def _headers(self, token: str | None) -> dict[str, str]:
         tok = token or self.token
@@ -70,6 +74,7 @@ class LikesClient:
                     json=body,
                     headers=headers,
                     timeout=self.timeout,
+                    verify=self.verify,
                 )
                 if r.status_code >= 500 or r.status_code == 429:
                     raise RetryableStatus(r)
@@ -80,6 +85,7 @@ class LikesClient:
             f"{self.read_url}{routes.read_path(post_id)}",
             headers=self._headers(token),
             timeout=self.timeout,
+            verify=self.verify,
         )
         r.raise_for_status()
         data: dict[str, Any] = r.json()

@@ -116,9 +116,22 @@ class Stack:
         return tls.client_context(self.ca_file) if self.ca_file else True
 
     def service_url(self, name: str) -> str:
-        """URL of one of our services (write, read, ...) as the stack runs it."""
-        port = {"write": self.layout.ports.write, "read": self.layout.ports.read}[name]
-        return f"http://{layout.HOST}:{port}"
+        """An HTTP service's API (write, read, hotkey-sampler) as the stack runs it: https with
+        the gateway's mTLS in the --tls profile (httpx's `verify=stack.service_verify`)."""
+        scheme = "https" if self.layout.tls else "http"
+        return f"{scheme}://{layout.HOST}:{transforms.local_port(self.layout, name)}"
+
+    def ops_url(self, name: str) -> str:
+        """A workload's probes and metrics: plain HTTP in both profiles, as in the cluster."""
+        return f"http://{layout.HOST}:{transforms.local_ops_port(self.layout, name)}"
+
+    @property
+    def service_verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify` for a service's API: the stack's CA, and the gateway's certificate as
+        the client's (the services require one; a test calling them directly plays the gateway)."""
+        if not self.layout.tls:
+            return True
+        return tls.mtls_client_context(str(local_tls.workload_dir(self.layout, tls.GATEWAY)))
 
     @property
     def prometheus_url(self) -> str:
@@ -168,8 +181,10 @@ class Stack:
 
         return etcd_component.credentials(self.layout)
 
-    def etcd(self, timeout: float = 2.0) -> aetcd.Client:
-        """A client of the stack's etcd, logged in as the services are."""
+    def etcd(self, timeout: float = 15.0) -> aetcd.Client:
+        """A client of the stack's etcd, logged in as the services are. The deadline is generous:
+        a login is a TLS handshake plus etcd's bcrypt, seconds on a loaded 2-core machine, and no
+        test measures it (one that needs a dead server to fail fast passes its own)."""
         return etcd.client(self.host, self.etcd_port, self.etcd_credentials, timeout, self.ca_file)
 
     @property

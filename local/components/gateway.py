@@ -26,11 +26,12 @@ import httpx
 from infra import envoy_config
 from infra import gateway as program
 from local import issuer, rendered
+from local import tls as local_tls
 from local.components.base import Component, MissingBinary, ProbeFailed, Server, http_probe
 from local.components.issuer import NAME as IDENTITY_PROVIDER
 from local.components.redis import ping_probe, redis_server_bin
 from local.layout import HOST, Layout
-from services.contracts import workloads
+from services.contracts import tls, workloads
 
 __all__ = [
     "TRANSFORMS",
@@ -105,7 +106,37 @@ TRANSFORMS: tuple[Transform, ...] = (
         "the listener's TLS (Cloudflare → origin) off, and the certificate secret it names dropped",
         "cert-manager issues that certificate in the cluster; locally clients play the CDN, which "
         "has already terminated the visitor's TLS",
-        ((_SR, "listeners", "*", "filterChains", "[0]", "transportSocket"), (_SR, "secrets")),
+        (
+            (_SR, "listeners", "*", "filterChains", "[0]", "transportSocket"),
+            (_SR, "secrets", f"[{program.TLS_SECRET}]"),
+            (_SR, "secrets"),  # the quick profile: the upstream secrets go too (below)
+        ),
+    ),
+    Transform(
+        "upstream-mtls",
+        "envoy.json",
+        f"the --tls profile: the gateway's certificate folder ({tls.MOUNT_DIR}: its client "
+        "certificate to the services and the CA theirs chain to) → <stack home>/tls/gateway; "
+        "the service clusters' SNI and name checks stay as rendered (the local certificates carry "
+        "the in-cluster names). The quick profile: the services' clusters in plain HTTP",
+        "cert-manager's Secrets are files here; the quick profile's services serve plain HTTP",
+        (
+            *(
+                (_SR, "secrets", f"[{s}]", *leaf)
+                for s in (envoy_config.UPSTREAM_CLIENT_SECRET, envoy_config.UPSTREAM_CA_SECRET)
+                for leaf in (
+                    ("tlsCertificate", "certificateChain", "filename"),
+                    ("tlsCertificate", "privateKey", "filename"),
+                    ("tlsCertificate", "watchedDirectory", "path"),
+                    ("validationContext", "trustedCa", "filename"),
+                    ("validationContext", "watchedDirectory", "path"),
+                )
+            ),
+            *(
+                (_SR, "clusters", f"[{c}]", "transportSocket")
+                for c in envoy_config.SERVICE_CLUSTERS
+            ),
+        ),
     ),
     Transform(
         "jwks-plaintext",
@@ -183,6 +214,7 @@ class Addrs:
     listener: tuple[str, int]
     admin_port: int
     jwks_uri: str
+    upstream_tls_dir: str | None = None  # the gateway's certificate folder; None: plaintext
 
     @classmethod
     def of(cls, layout: Layout) -> Addrs:
@@ -198,6 +230,9 @@ class Addrs:
             listener=(HOST, p.gateway),
             admin_port=p.gateway_admin,
             jwks_uri=f"http://{HOST}:{p.issuer}{issuer.JWKS_PATH}",
+            upstream_tls_dir=(
+                str(local_tls.workload_dir(layout, tls.GATEWAY)) if layout.tls else None
+            ),
         )
 
 
@@ -274,14 +309,45 @@ def local_bootstrap(rendered_bootstrap: dict[str, Any], addrs: Addrs) -> dict[st
         sock["address"], sock["portValue"] = addrs.upstreams[name]
         if name == envoy_config.JWKS_CLUSTER:  # jwks-plaintext
             cluster.pop("transportSocket", None)
+        if name in envoy_config.SERVICE_CLUSTERS and addrs.upstream_tls_dir is None:
+            cluster.pop("transportSocket", None)  # upstream-mtls, the quick profile
     for listener in sr["listeners"]:  # listener, downstream-plaintext
         sock = listener["address"]["socketAddress"]
         sock["address"], sock["portValue"] = addrs.listener
         for chain in listener["filterChains"]:
             chain.pop("transportSocket", None)
-    sr.pop("secrets", None)
+    if addrs.upstream_tls_dir is None:
+        sr.pop("secrets", None)
+    else:  # upstream-mtls: the same files, from the stack's folder
+        sr["secrets"] = [_local_files(x, addrs.upstream_tls_dir) for x in sr.get("secrets", [])
+                         if x.get("name") != program.TLS_SECRET]  # fmt: skip
     b["admin"]["address"]["socketAddress"]["portValue"] = addrs.admin_port  # admin
     return b
+
+
+def _local_files(secret: dict[str, Any], local_dir: str) -> dict[str, Any]:
+    """`secret` with every file under the mounted certificate folder moved to `local_dir`; a
+    file elsewhere is a render this mapping does not know."""
+    mount = tls.MOUNT_DIR.rstrip("/")
+
+    def move(value: str) -> str:
+        if value != mount and not value.startswith(f"{mount}/"):
+            raise rendered.RenderError(
+                f"gateway: envoy.json secret {secret.get('name')} reads {value}, outside "
+                f"{mount} (the gateway's certificate folder)"
+            )
+        return local_dir.rstrip("/") + value[len(mount) :]
+
+    out = copy.deepcopy(secret)
+    for part in out.values():
+        if not isinstance(part, dict):
+            continue
+        for key, node in part.items():
+            if key == "watchedDirectory":
+                node["path"] = move(node["path"])
+            elif isinstance(node, dict) and "filename" in node:
+                node["filename"] = move(node["filename"])
+    return out
 
 
 def differences(a: Any, b: Any, at: JsonPath = ()) -> list[JsonPath]:

@@ -22,10 +22,17 @@ class Workload(Component):
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.process.port}"
+        """The API (https with the gateway's mTLS in the --tls profile) or a worker's ops port."""
+        mtls = self.process.workload.kind == "http" and self.layout.tls
+        return f"{'https' if mtls else 'http'}://{HOST}:{self.process.port}"
+
+    @property
+    def ops_url(self) -> str:
+        """Probes and metrics: plain HTTP in both profiles, as in the cluster."""
+        return f"http://{HOST}:{self.process.ops_port}"
 
     def servers(self) -> list[Server]:
-        ready = f"{self.url}{self.process.readiness_path}"
+        ready = f"{self.ops_url}{self.process.readiness_path}"
         return [
             Server(
                 name=self.name,
@@ -43,7 +50,7 @@ class Workload(Component):
         ]
 
     def metrics_targets(self) -> list[str]:
-        return [f"{HOST}:{self.process.port}"]
+        return [f"{HOST}:{self.process.ops_port}"]
 
 
 def build(layout: Layout, strict: bool = True) -> list[Component]:

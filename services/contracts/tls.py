@@ -47,10 +47,51 @@ REGISTRY = ServerCert("schema-registry", "schema-registry-tls")
 SERVERS: tuple[ServerCert, ...] = (ETCD, KAFKA, SCYLLA, REGISTRY)
 
 
+def service_names(service: str, namespace: str) -> list[str]:
+    """The names a Service is dialled by in-cluster (short forms first): what its certificate
+    carries, in the program and in the local --tls profile (so a client's name check, such as the
+    gateway's, is the same in both)."""
+    return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+
+
+GATEWAY = "envoy"  # the gateway (its Deployment): its internal certificate is its client identity
+# to our HTTP services (Secret envoy-tls; gateway-tls is the public, ACME-issued one)
+
+
 def workload_secret(workload: str) -> str:
-    """The Secret a workload mounts at MOUNT_DIR (it carries the CA every client verifies
-    against; its own certificate is for mTLS to the gateway once that lands)."""
+    """The Secret a workload (or the gateway) mounts at MOUNT_DIR: the CA every client verifies
+    against, and its own certificate (an HTTP service's server side of the gateway's mTLS; the
+    gateway's client side)."""
     return f"{workload}-tls"
+
+
+def mtls_server_context(cert_dir: str) -> ssl.SSLContext:
+    """An HTTP service's API side of gateway -> service mTLS: it presents its own certificate
+    and requires a client certificate that chains to the platform's CA. Which holder of such a
+    certificate may connect is the NetworkPolicies' part (only the gateway reaches the API port,
+    infra/netpol.py); the chain proves the peer is ours, not a pod that got onto the network."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = MIN_VERSION
+    load_mtls_files(ctx, cert_dir)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def load_mtls_files(ctx: ssl.SSLContext, cert_dir: str) -> None:
+    """(Re)load a certificate folder's pair and CA into `ctx`: new handshakes use them, so a
+    renewed certificate (cert-manager rewrites the mounted Secret) needs no restart."""
+    d = cert_dir.rstrip("/")
+    ctx.load_cert_chain(f"{d}/{CERT_KEY}", f"{d}/{KEY_KEY}")
+    ctx.load_verify_locations(cafile=f"{d}/{CA_KEY}")
+
+
+def mtls_client_context(cert_dir: str) -> ssl.SSLContext:
+    """A client of an HTTP service's API (the gateway's part; tools and tests that call a
+    service directly): verifies the server's chain and name, presents the folder's pair."""
+    d = cert_dir.rstrip("/")
+    ctx = client_context(f"{d}/{CA_KEY}")
+    ctx.load_cert_chain(f"{d}/{CERT_KEY}", f"{d}/{KEY_KEY}")
+    return ctx
 
 
 def cassandra_context(ca_file: str) -> ssl.SSLContext:

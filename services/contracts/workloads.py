@@ -12,15 +12,19 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from services.contracts import tls
+
 if TYPE_CHECKING:
     from services.contracts.settings import Settings
 
 HEALTH_PATH = "/healthz"  # liveness: the process turns
 READY_PATH = "/readyz"  # readiness: it can do its job now (503 with named checks when not)
 METRICS_PATH = "/metrics"
-HTTP_PORT = 8080  # HTTP services: API, probes and metrics on one port
-OPS_PORT = 9100  # Kafka workers and the operator: probes and metrics only
+HTTP_PORT = 8080  # HTTP services: the API, mTLS from the gateway (services/common/serve.py)
+OPS_PORT = 9100  # every workload: probes and metrics only, plain HTTP (kubelet, Prometheus)
+SERVE_MODULE = "services.common.serve"  # runs an HTTP service's API and ops servers
 BIND_ALL = "0.0.0.0"  # a pod's probes and scrapes arrive on its pod IP
+NAMESPACE = "likes"  # where the program runs them (the names their certificates carry)
 
 Kind = Literal["http", "worker", "operator"]
 
@@ -48,15 +52,19 @@ class Workload:
     kind: Kind
     module: str  # http: the module of `create_app`; worker: the `python -m` module
     settings: str  # "module:Class" of its settings; the program renders env from this class
-    port: int
+    port: int  # http: the API (mTLS); worker, operator: the ops port
     uses: tuple[str, ...] = ()  # keys of SERVERS: the servers it connects to
+    ops_port: int = OPS_PORT  # /healthz, /readyz, /metrics: plain HTTP, never the API
 
     def command(self, host: str = BIND_ALL, port: int | None = None) -> list[str]:
-        """The container command (the local stack transforms interpreter, host and port)."""
+        """The container command (the local stack transforms interpreter, host, ports and the
+        certificate folder)."""
         p = str(self.port if port is None else port)
         if self.kind == "http":
-            return ["uvicorn", "--factory", f"{self.module}:create_app", "--host", host,
-                    "--port", p, "--no-access-log"]  # fmt: skip
+            # the API requires the gateway's client certificate (tls.MOUNT_DIR holds this
+            # workload's own certificate and the CA the client's must chain to)
+            return ["python", "-m", SERVE_MODULE, self.module, "--host", host, "--port", p,
+                    "--ops-port", str(self.ops_port), "--tls-dir", tls.MOUNT_DIR]  # fmt: skip
         if self.kind == "worker":
             return ["python", "-m", self.module, "--host", host, "--port", p]
         # the operator in a cluster: Kopf, with its liveness endpoint on the ops port

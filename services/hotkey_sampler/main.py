@@ -1,7 +1,7 @@
 """The sampler's app: the gateway's mirrored copies of reads (on the read routes themselves),
 GET /v1/top, and the publish loop.
 
-uvicorn services.hotkey_sampler.main:create_app --factory
+python -m services.common.serve services.hotkey_sampler.main --port 8080 --ops-port 9100
 """
 
 from __future__ import annotations

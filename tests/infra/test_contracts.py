@@ -211,7 +211,13 @@ def test_the_workload_binds_all_interfaces_on_the_port_its_probes_hit(
     else:
         host, port = _flag(c.command, "--host"), int(_flag(c.command, "--port"))
     assert host == workloads.BIND_ALL, f"{w.name} binds {host}: the kubelet probes the pod IP"
-    assert c.ports == [port] == [w.port]
+    if w.kind == "http":  # the API on --port (mTLS), probes and metrics on --ops-port (plain)
+        assert port == w.port
+        port = int(_flag(c.command, "--ops-port"))
+        assert c.ports == [w.port, port]
+    else:
+        assert c.ports == [port]
+    assert port == w.ops_port
     assert c.liveness == (workloads.HEALTH_PATH, port)
     assert c.readiness == (w.ready_path, port)
     if c.annotations.get("prometheus.io/scrape") == "true":
@@ -229,6 +235,19 @@ def test_worker_entry_points_take_the_host_the_program_passes(w: workloads.Workl
     )
     assert out.returncode == 0, out.stderr
     assert "--host" in out.stdout and "--port" in out.stdout
+
+
+def test_http_services_entry_point_takes_the_flags_the_program_passes() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", workloads.SERVE_MODULE, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    rendered_flags = {a for a in workloads.WRITE.command() if a.startswith("--")}
+    assert rendered_flags == {"--host", "--port", "--ops-port", "--tls-dir"}
+    assert all(flag in out.stdout for flag in rendered_flags), out.stdout
 
 
 # -- (c) probe paths are served; readiness can fail ---------------------------------------------

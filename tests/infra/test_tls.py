@@ -27,6 +27,10 @@ def _certificates(p: plan.Plan) -> dict[tuple[str, str], dict[str, Any]]:
     out = {}
     for r in by_kind(p, "Certificate"):
         ns, spec = r.inputs["metadata"].get("namespace"), r.inputs["spec"]
+        # two Certificates filling one Secret overwrite each other at every renewal
+        assert (ns, spec["secretName"]) not in out, (
+            f"two Certificates write {ns}/{spec['secretName']}"
+        )
         out[(ns, spec["secretName"])] = spec
     return out
 

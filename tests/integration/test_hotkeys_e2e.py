@@ -27,7 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from operators.hotkeys.local_loop import POLICY_KEY
-from services.contracts import hotkeys, keys, routes
+from services.contracts import hotkeys, keys, routes, workloads
 from tests.conftest import Stack
 from tests.integration.test_hotkeys import count_cache, etcd_get, etcd_put
 from tests.integration.test_hotkeys import pools as hot_pool_clients
@@ -107,7 +107,7 @@ def read_metric(url: str, name: str, **labels: str) -> float:
 
 
 def test_zipf_load_with_a_viral_post_through_the_gateway_mirror(stack: Stack) -> None:
-    sampler = f"http://{stack.host}:{stack.layout.ports.hotkey_sampler}"
+    sampler = stack.ops_url(workloads.HOTKEY_SAMPLER.name)  # readiness: the ops port
     require_up(sampler)
     require_up(f"http://{stack.host}:{stack.layout.ports.hotkey_operator}")
     tag = uuid.uuid4().hex[:8]
@@ -121,7 +121,7 @@ def test_zipf_load_with_a_viral_post_through_the_gateway_mirror(stack: Stack) ->
     previous = etcd_get(stack, POLICY_KEY)
     etcd_put(stack, POLICY_KEY, json.dumps(POLICY).encode())
 
-    read = f"http://{stack.host}:{stack.layout.ports.read}"
+    read = stack.ops_url(workloads.READ.name)  # its metrics
     loop = asyncio.new_event_loop()
     etcd = stack.etcd()
 

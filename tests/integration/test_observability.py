@@ -46,7 +46,7 @@ def test_prometheus_loaded_the_rendered_rule_groups(stack: Stack) -> None:
     assert {g["name"] for g in loaded} == {g["name"] for g in program}
     alerting = {r["name"] for g in loaded for r in g["rules"] if r["type"] == "alerting"}
     assert alerting == expected
-    assert alert_rules.WATCHDOG in alerting and len(expected) == 10
+    assert alert_rules.WATCHDOG in alerting and len(expected) == 11
 
 
 def test_prometheus_scrapes_exactly_the_pods_the_program_annotates(stack: Stack) -> None:
@@ -61,7 +61,8 @@ def test_prometheus_scrapes_exactly_the_pods_the_program_annotates(stack: Stack)
         == "true"
     }
     ports = stack.layout.ports
-    assert {f"{stack.host}:{ports.write}", f"{stack.host}:{ports.read}"} <= opted_in
+    # the ops ports: the API ports need the gateway's client certificate
+    assert {f"{stack.host}:{ports.write_ops}", f"{stack.host}:{ports.read_ops}"} <= opted_in
 
     def all_up() -> dict[str, str] | None:
         active = _prometheus(stack, "/api/v1/targets")["activeTargets"]
@@ -76,7 +77,7 @@ def test_prometheus_scrapes_exactly_the_pods_the_program_annotates(stack: Stack)
 def test_scraped_series_keep_the_service_label_the_slo_rules_select(
     stack: Stack, service: str
 ) -> None:
-    assert httpx.get(f"{stack.service_url(service)}/healthz", timeout=5).status_code == 200
+    assert httpx.get(f"{stack.ops_url(service)}/healthz", timeout=5).status_code == 200
     query = f'likes_http_requests_total{{{SERVICE_LABEL}="{service}",route="/healthz"}}'
 
     def series() -> list[dict[str, Any]]:

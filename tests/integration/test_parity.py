@@ -62,7 +62,7 @@ def test_each_workload_runs_its_rendered_spec(stack: Stack, workload: str) -> No
         assert env[name] == expected.env[name] and "127.0.0.1" in env[name]
 
     # the rendered probes answer on the local port
-    base = f"http://{stack.host}:{expected.port}"
+    base = f"http://{stack.host}:{expected.ops_port}"  # plain HTTP, as the kubelet probes
     assert container.liveness is not None and container.readiness is not None
     assert httpx.get(base + container.liveness.path, timeout=5).status_code == 200
     assert httpx.get(base + container.readiness.path, timeout=5).status_code == 200

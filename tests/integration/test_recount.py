@@ -179,7 +179,8 @@ def test_drift_in_a_cell_and_in_the_cache_is_reported_then_repaired_for_good(
     fix = out["posts"][0]["correction"]
     assert out["posts"][0]["status"] == "repaired" and fix["delta"] == 0 and fix["gen"] > bogus_gen
 
-    read = LikesClient(stack.service_url("read"), stack.service_url("read"))
+    url = stack.service_url("read")
+    read = LikesClient(url, url, verify=stack.service_verify)
     for post, users in ((in_cell, cell_users), (in_cache, cache_users)):
         want = truth(cql, users, post)
         assert want == 3

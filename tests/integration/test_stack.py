@@ -371,7 +371,9 @@ def test_etcd_auth_repairs_drift_and_the_services_log_in_again_after_a_rotation(
         deadline = time.monotonic() + 20
         got = ""
         while time.monotonic() < deadline and got != "public, max-age=5":
-            got = httpx.get(url, timeout=5).headers.get("cache-control", "")
+            got = httpx.get(url, timeout=5, verify=stack.service_verify).headers.get(
+                "cache-control", ""
+            )
             time.sleep(0.3)
         assert got == "public, max-age=5"  # the hint written after the rotation
     finally:

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from local import layout
 from local import tls as local_tls
-from services.contracts import etcd, kafka, tls
+from services.contracts import etcd, kafka, tls, workloads
 from services.contracts.settings import Settings
 from tests.conftest import Stack
 
@@ -142,3 +142,29 @@ def test_the_workloads_run_with_the_ca_their_rendered_env_names(stack: Stack, ca
         assert env[Settings.env_name("schema_registry_url")].startswith("https://"), w
     status = stack.status()
     assert all(status[w]["healthy"] for w in ("write", "read", "outbox-relay", "aggregator"))
+
+
+@pytest.mark.parametrize("service", [w.name for w in workloads.SERVICES if w.kind == "http"])
+def test_each_services_api_requires_the_gateways_certificate_and_its_ops_port_none(
+    stack: Stack, ca: str, other_ca: str, service: str
+) -> None:
+    """Gateway -> service mTLS on the running stack: the API answers a client holding the
+    gateway's certificate, and refuses one without a certificate, one with another stack's, and
+    plain HTTP; the probes and metrics answer in plain HTTP on the ops port."""
+    api, ops = stack.service_url(service), stack.ops_url(service)
+    assert api.startswith("https://") and ops.startswith("http://")
+    with httpx.Client(verify=stack.service_verify, timeout=5) as c:
+        # a route no service serves: 404 from the service itself, once the handshake passed
+        assert c.get(f"{api}/v1/no-such-route").status_code == 404
+    with pytest.raises(httpx.TransportError):  # no client certificate
+        httpx.get(f"{api}/v1/no-such-route", verify=tls.client_context(ca), timeout=5)
+    other_home = Path(other_ca).parent.parent  # the other stack's certificates
+    foreign = tls.client_context(ca)
+    gw = other_home / tls.GATEWAY
+    foreign.load_cert_chain(gw / tls.CERT_KEY, gw / tls.KEY_KEY)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{api}/v1/no-such-route", verify=foreign, timeout=5)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(api.replace("https://", "http://") + "/healthz", timeout=5)
+    assert httpx.get(f"{ops}{workloads.READY_PATH}", timeout=5).status_code == 200
+    assert httpx.get(f"{ops}/v1/no-such-route", timeout=5).status_code == 404  # ops paths only

@@ -65,7 +65,7 @@ def test_cassandra_down_fails_fast_with_503(
         print(f"write answered 503 {took:.2f}s after Cassandra went away")
         # the stack's write service (the rendered probe path) stops being ready: with every
         # edge-store host down a probe must not trust the pod (review H14)
-        ready = f"http://{stack.host}:{stack.layout.ports.write}{workloads.READY_PATH}"
+        ready = f"{stack.ops_url(workloads.WRITE.name)}{workloads.READY_PATH}"
         deadline = time.monotonic() + 30
         while httpx.get(ready, timeout=5).status_code != 503:
             assert time.monotonic() < deadline, "write stayed ready with Cassandra down"

@@ -50,6 +50,27 @@ def test_the_tls_profile_points_the_mounted_ca_at_the_stacks_and_plaintext_says_
         transforms.check_settings(on)
 
 
+def test_an_http_service_serves_its_api_with_mtls_in_the_tls_profile_and_ops_apart(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    def flag(argv: list[str], name: str) -> str | None:
+        return argv[argv.index(name) + 1] if name in argv else None
+
+    for w in (w for w in workloads.ALL if w.kind == "http"):
+        c = staging.container(w.name)
+        assert flag(c.command, "--tls-dir") == tls.MOUNT_DIR  # the program: mTLS always
+        plain = transforms.local_process(lay, w, c)
+        on = transforms.local_process(replace(lay, tls=True), w, c)
+        assert flag(plain.argv, "--tls-dir") is None  # the quick profile: plain HTTP API
+        assert flag(on.argv, "--tls-dir") == str(local_tls.workload_dir(lay, w.name))
+        assert "service-tls" in plain.applied and "service-tls" in on.applied
+        for p in (plain, on):
+            assert flag(p.argv, "--port") == str(p.port) == str(transforms.local_port(lay, w.name))
+            assert flag(p.argv, "--ops-port") == str(p.ops_port) != str(p.port)
+    worker = transforms.local_process(lay, workloads.AGGREGATOR, staging.container("aggregator"))
+    assert worker.port == worker.ops_port and "--tls-dir" not in worker.argv
+
+
 def test_a_misspelled_variable_is_a_disagreement_naming_workload_and_field(
     staging: rendered.Rendered, lay: layout.Layout
 ) -> None:

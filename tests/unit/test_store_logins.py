@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from local import layout
 from local import tls as local_tls
 from local.schema_registry import create_app
-from services.contracts import etcd, events, keys, registry, tls
+from services.contracts import etcd, events, keys, registry, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles, etcd_auth
 
@@ -75,15 +75,20 @@ def test_the_local_ca_is_made_once_and_each_certificate_verifies_under_it(tmp_pa
     home = layout.Layout(home=tmp_path, ports=layout.Ports(0), tls=True)
     with ThreadPoolExecutor(4) as pool:  # components prepare at once: one CA, not four
         made = list(pool.map(lambda _: local_tls.ensure(home), range(4)))
-    assert sorted(s for m in made for s in m) == sorted(s.server for s in tls.SERVERS)
+    http_services = [w.name for w in workloads.SERVICES if w.kind == "http"]
+    folders = [*(s.server for s in tls.SERVERS), *http_services, tls.GATEWAY]
+    assert sorted(s for m in made for s in m) == sorted(folders)
     assert local_tls.ensure(home) == []
     ca = x509.load_pem_x509_certificate(local_tls.ca_file(home).read_bytes())
-    for server in tls.SERVERS:
-        d = local_tls.server_dir(home, server)
+    for folder in folders:
+        d = local_tls.root(home) / folder
         cert = x509.load_pem_x509_certificate((d / tls.CERT_KEY).read_bytes())
         cert.verify_directly_issued_by(ca)
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert ipaddress.ip_address(layout.HOST) in sans.get_values_for_type(x509.IPAddress)
+        if folder in http_services:  # the names the gateway's render dials and checks
+            names = sans.get_values_for_type(x509.DNSName)
+            assert set(tls.service_names(folder, workloads.NAMESPACE)) <= set(names)
 
 
 def test_a_jaas_login_line_cannot_be_broken_out_of() -> None:
@@ -157,3 +162,23 @@ def test_the_local_registry_answers_only_logged_in_calls() -> None:
             assert r.json() == {"error_code": 401, "message": "Unauthorized"}
             assert r.headers["www-authenticate"] == f'Basic realm="{registry.REALM}"'
         assert c.get("/subjects", headers=_basic("likes", "pw")).json() == []
+
+
+def test_the_local_etcd_bootstrap_retries_a_login_that_timed_out_never_a_refused_one() -> None:
+    import grpc
+    from grpc.aio import AioRpcError, Metadata
+
+    from local.components import etcd as etcd_component
+
+    def wrapped(code: grpc.StatusCode) -> Exception:
+        try:
+            raise etcd_auth.AuthSetupError("etcd login as root: ...") from AioRpcError(
+                code, Metadata(), Metadata(), "..."
+            )
+        except etcd_auth.AuthSetupError as e:
+            return e
+
+    assert etcd_component._transient(wrapped(grpc.StatusCode.DEADLINE_EXCEEDED))
+    assert etcd_component._transient(wrapped(grpc.StatusCode.UNAVAILABLE))
+    assert not etcd_component._transient(wrapped(grpc.StatusCode.INVALID_ARGUMENT))  # bad password
+    assert not etcd_component._transient(ValueError("not etcd's"))
