@@ -226,6 +226,12 @@ class Etcd(pulumi.ComponentResource):
                     volume_mounts=[kx.mount("tls", tls.MOUNT_DIR, True)],
                 ),
                 volumes=[tls_infra.ca_volume("tls", tls.ETCD.secret)],
+                # a rotated password re-runs the Job, which sets it in etcd (a changed root
+                # password fails it loudly: etcd still knows the old one)
+                credentials={
+                    etcd_contract.ROOT_SECRET: args.root_password,
+                    etcd_contract.AUTH_SECRET: args.service_password,
+                },
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[sts, *secrets]),
         )

@@ -6,6 +6,8 @@ root filesystem, zone spread, the workload-class node placement, and the labels 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,7 +43,7 @@ def meta(
     name: str,
     namespace: str | None,
     lbls: Mapping[str, str],
-    annotations: Mapping[str, str] | None = None,
+    annotations: Mapping[str, pulumi.Input[str]] | None = None,
 ) -> meta_v1.ObjectMetaArgs:
     return meta_v1.ObjectMetaArgs(
         name=name,
@@ -149,6 +151,26 @@ def pod_security(uid: int = NONROOT_UID) -> core.PodSecurityContextArgs:
     )
 
 
+# The API server as a pod dials it (its in-cluster Service); infra/netpol.py opens its endpoint.
+KUBE_API_HOST = "kubernetes.default.svc"
+KUBE_API_PORT = 443  # the Service's, and the EKS endpoint's
+KUBE_API = f"{KUBE_API_HOST}:{KUBE_API_PORT}"
+
+
+@dataclass(frozen=True)
+class Dial:
+    """A connection a component's pods open because the config it rendered names the address
+    (Envoy's clusters, a collector's exporter, Alertmanager's receivers): the component reports
+    it beside the config, and infra/netpol.py opens exactly that, so the policy follows the
+    config."""
+
+    namespace: str
+    app: str  # the dialling pods' app.kubernetes.io/name
+    address: str  # host:port or a URL, as the config names it
+    why: str
+    protocols: tuple[str, ...] = ("TCP",)
+
+
 @dataclass(frozen=True)
 class SecretRef:
     """An env value read from a Secret's key (never a literal in the manifest)."""
@@ -176,18 +198,43 @@ def secret_env(name: str, secret: str, key: str) -> core.EnvVarArgs:
     )
 
 
+# The digest of the credentials a setup Job applies, on its pod template (credentials_digest).
+CREDENTIALS_ANNOTATION = "likes.io/credentials-sha256"
+
+
+def credentials_digest(values: Mapping[str, pulumi.Input[str]]) -> pulumi.Output[str]:
+    """A sha256 over named secret values, for a pod-template annotation: a rotated password
+    changes the template, and pulumi-kubernetes replaces a Job whose `.spec.template` changed
+    (Jobs are immutable), deleting the old one first since the name stays. The values never
+    appear; the digest is not secret (unsecret, or the plan would mask it and a rotation would
+    show no change). The stack's passwords are generated, so a digest cannot be guessed back."""
+    names = sorted(values)
+
+    def digest(secrets: list[str]) -> str:
+        # length-prefixed JSON: ("ab", "c") and ("a", "bc") never collide
+        return hashlib.sha256(
+            json.dumps(list(zip(names, secrets, strict=True))).encode()
+        ).hexdigest()
+
+    joined = pulumi.Output.all(*(values[n] for n in names)).apply(digest)
+    return pulumi.Output.unsecret(joined)
+
+
 def setup_job_spec(
     labels: Mapping[str, str],
     container: core.ContainerArgs,
     volumes: Sequence[core.VolumeArgs] | None = None,
     backoff_limit: int = 20,
+    credentials: Mapping[str, pulumi.Input[str]] | None = None,
 ) -> k8s.batch.v1.JobSpecArgs:
     """A setup step run to completion (schema migration, store logins): restarted on failure
-    until its store is ready, no service-account token, non-root."""
+    until its store is ready, no service-account token, non-root. `credentials`: the secret
+    values it applies (name -> value), whose digest keys the Job: a rotation re-runs it."""
+    annotations = {CREDENTIALS_ANNOTATION: credentials_digest(credentials)} if credentials else None
     return k8s.batch.v1.JobSpecArgs(
         backoff_limit=backoff_limit,
         template=core.PodTemplateSpecArgs(
-            metadata=meta_v1.ObjectMetaArgs(labels=dict(labels)),
+            metadata=meta_v1.ObjectMetaArgs(labels=dict(labels), annotations=annotations),
             spec=core.PodSpecArgs(
                 restart_policy="OnFailure",
                 automount_service_account_token=False,

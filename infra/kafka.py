@@ -13,7 +13,7 @@ workload mounts, not against Strimzi's own cluster CA.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -390,6 +390,9 @@ class Kafka(pulumi.ComponentResource):
                 },
                 acls,
                 pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[sec])),
+                # the User Operator re-reads the Secret on its timer; a changed digest is an
+                # event on the KafkaUser, so a rotated password reaches Kafka at once
+                {kx.CREDENTIALS_ANNOTATION: kx.credentials_digest({secret: data[key]})},
             )
 
     def _user(
@@ -401,12 +404,13 @@ class Kafka(pulumi.ComponentResource):
         authentication: dict[str, Any],
         acls: Sequence[kafka_contract.Acl],
         opts: pulumi.ResourceOptions,
+        annotations: Mapping[str, pulumi.Input[str]] | None = None,
     ) -> None:
         k8s.apiextensions.CustomResource(
             resource,
             api_version=API,
             kind="KafkaUser",
-            metadata=kx.meta(user, ns, {CLUSTER_LABEL: cluster}),
+            metadata=kx.meta(user, ns, {CLUSTER_LABEL: cluster}, annotations),
             spec={
                 "authentication": authentication,
                 "authorization": {"type": "simple", "acls": [a.strimzi() for a in acls]},

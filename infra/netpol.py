@@ -1,14 +1,19 @@
 """Who may open a connection to whom, on which port: the one table (`flows`) the NetworkPolicies
 are rendered from.
 
-Ingress is denied by default in the services' and the datastores' namespaces, and egress in the
-services' namespace; each row of the table opens one path:
+Every namespace the program creates denies ingress and egress by default; each row of the table
+opens one path:
 - a workload to each server its code uses (`workloads.Workload.uses`), at the host and port the
   program rendered into its env: a new dependency, or a moved port, follows the env;
+- what the edge's and observability's rendered configs dial (`kx.Dial`: Envoy's clusters, the
+  limiter's Redis, the collectors' exporters, Prometheus's Alertmanager and remote write,
+  Alertmanager's receivers and peers), reported by their components beside the config;
+- Prometheus to the metrics port of each pod it scrapes; the load balancer (and Cloudflare) to
+  Envoy's listener; the API server to the operators' admission webhooks;
 - the datastores' own peer traffic (Redis cluster bus, etcd peers, Kafka's controller and
   replication listeners, Scylla's inter-node port), their setup Jobs, the operators that manage
-  them (Strimzi, the Scylla Operator), MirrorMaker 2, the peer regions, Prometheus on the metrics
-  ports, the gateway to the HTTP services, and DNS.
+  them (Strimzi, the Scylla Operator), MirrorMaker 2, the peer regions, the Kubernetes API for
+  whatever watches it, and DNS for every pod.
 
 Strimzi's own NetworkPolicy generation is off (infra/platform.py): it opens every listener to every
 namespace unless each listener names its peers, and this table already says who may connect.
@@ -18,15 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from ipaddress import IPv4Network
 from urllib.parse import urlsplit
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import etcd, schema_registry, scylla
+from infra import etcd, gateway, network, platform, schema_registry, scylla
 from infra import k8s as kx
 from infra import kafka as kafka_infra
 from infra import redis as redis_infra
+from infra.config import Peer
 from services.contracts import workloads
 
 NS_LABEL = "kubernetes.io/metadata.name"  # every namespace carries it (Kubernetes sets it)
@@ -35,7 +42,7 @@ DNS_LABELS = {"k8s-app": "kube-dns"}  # CoreDNS on EKS
 DNS_PORT = 53
 INTERNET = "0.0.0.0/0"
 PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
-KUBE_API_PORT = 443  # the EKS endpoint (its private addresses are in the VPC)
+KUBE_API_HOST, KUBE_API_PORT = kx.KUBE_API_HOST, kx.KUBE_API_PORT
 # Strimzi's fixed ports (KafkaCluster/KafkaConnectCluster in strimzi-kafka-operator): the KRaft
 # control plane, replication (also the operators' admin client), the Kafka agent the cluster
 # operator polls, the metrics exporter, Kafka Connect's REST API (MirrorMaker 2).
@@ -51,6 +58,7 @@ SCYLLA_INTERNODE = (7000, 7001)
 SCYLLA_METRICS = 9180
 SCYLLA_AGENT = 10001
 REDIS_CLUSTERS = ("count-cache", "idem-store")  # infra/redis.py's cluster roles
+OPERATOR_WEBHOOKS = (platform.CERT_MANAGER_WEBHOOK_PORT, platform.SCYLLA_WEBHOOK_PORT)
 
 
 @dataclass(frozen=True)
@@ -96,8 +104,24 @@ class NetpolArgs:
     # each peer region and its VPC (peered with ours): where its MirrorMaker 2 pulls from and
     # its Scylla nodes connect from. Never a wider range: this cluster's own pods have VPC
     # addresses too, and a block such as 10.0.0.0/8 would let every one of them in.
-    peers: Sequence[tuple[str, str]]
+    peers: Sequence[Peer]
     scylla_multi_dc: bool  # the peers' data centres replicate with ours
+    # this cluster's VPC: its public subnets hold the load balancers, its private ones the
+    # nodes, the pods and the API server's network interfaces (network.subnet_plan)
+    vpc_cidr: IPv4Network
+    zones: int
+    # what the components' rendered configs connect to (gateway, observability)
+    dials: Sequence[kx.Dial] = ()
+
+    @property
+    def namespaces(self) -> tuple[str, ...]:
+        return (
+            self.apps_namespace,
+            self.edge_namespace,
+            self.data_namespace,
+            self.observability_namespace,
+            self.operators_namespace,
+        )
 
 
 def endpoints(value: str) -> list[tuple[str, int]]:
@@ -129,12 +153,26 @@ class Table:
             },
             "kafka",
         )
+        # the nodes of the broker role (a node pool's pods carry their roles as labels): the
+        # only ones with client and peer listeners
+        self.brokers = Pods.of(
+            data,
+            {
+                "strimzi.io/cluster": args.kafka_cluster,
+                "strimzi.io/kind": "Kafka",
+                "strimzi.io/broker-role": "true",
+            },
+            "kafka-brokers",
+        )
         self.scylla = Pods.of(data, {"scylla/cluster": args.scylla_cluster}, "scylla")
         # Services an operator creates, whose selector is not `kx.selector(name)`
         self.operator_services = {
-            (data, f"{args.kafka_cluster}-kafka-bootstrap"): self.kafka,
+            (data, f"{args.kafka_cluster}-kafka-bootstrap"): self.brokers,
             (data, f"{args.scylla_cluster}-client"): self.scylla,
         }
+        private, public = network.subnet_plan(args.vpc_cidr, args.zones)
+        self.load_balancers = [str(c) for c in public]
+        self.control_plane = [str(c) for c in private]  # the API server's ENIs (and the pods)
 
     def workload(self, w: workloads.Workload) -> Pods:
         return Pods.of(self.a.apps_namespace, kx.selector(w.name), w.name)
@@ -142,10 +180,20 @@ class Table:
     def app(self, namespace: str, name: str) -> Pods:
         return Pods.of(namespace, kx.selector(name), name)
 
+    @staticmethod
+    def every(namespace: str) -> Pods:
+        return Pods.of(namespace, {}, "every-pod")
+
     def resolve(self, host: str) -> Pods | Cidr:
-        """`<service>.<namespace>.svc...` -> the pods behind that Service; anything else is
-        outside the cluster (reached over the internet, never at a private address)."""
+        """`<service>.<namespace>.svc...` (or `<pod>.<service>.<namespace>.svc...`) -> the pods
+        behind that Service; the API server -> its endpoint, whose addresses are not known at
+        plan time; anything else is outside the cluster (the internet, never a private
+        address)."""
+        if host == KUBE_API_HOST:
+            return Cidr(INTERNET)
         parts = host.split(".")
+        if len(parts) >= 4 and parts[3] == "svc":
+            parts = parts[1:]  # a pod's own name under its (headless) Service
         if len(parts) >= 3 and parts[2] == "svc":
             svc, ns = parts[0], parts[1]
             return self.operator_services.get((ns, svc)) or self.app(ns, svc)
@@ -167,48 +215,57 @@ class Table:
         port = int(self.rendered(w, port_field))
         return [(h.strip(), port) for h in self.rendered(w, field).split(",")]
 
+    def api(self, src: Pods, why: str) -> Flow:
+        return Flow(src, self.resolve(KUBE_API_HOST), (KUBE_API_PORT,), why)
+
     def flows(self) -> list[Flow]:
         a = self.a
-        apps, data, obs, ops = (
-            a.apps_namespace,
-            a.data_namespace,
-            a.observability_namespace,
-            a.operators_namespace,
-        )
         out: list[Flow] = []
         for w in workloads.ALL:
             for field in w.uses:
                 source = workloads.HOTKEY_OPERATOR if field == "hot_pools" else w
                 for host, port in self.servers(source, field):
                     out.append(Flow(self.workload(w), self.resolve(host), (port,), field))
-        out.append(
-            Flow(
-                self.workload(workloads.HOTKEY_OPERATOR),
-                Cidr(INTERNET),
-                (KUBE_API_PORT,),
-                "Kopf watches its CRs through the Kubernetes API",
-            )
-        )
-        out.append(
-            Flow(
-                Pods.of(apps, {}, "every-pod"),
-                Pods.of(DNS_NAMESPACE, DNS_LABELS, "kube-dns"),
-                (DNS_PORT,),
-                "DNS",
-                ("UDP", "TCP"),
-            )
-        )
-        envoy = self.app(a.edge_namespace, "envoy")
-        prometheus = self.app(obs, "prometheus")
-        for w in workloads.ALL:
-            if w.kind == "http":
-                out.append(Flow(envoy, self.workload(w), (w.port,), "the gateway's upstreams"))
-            out.append(Flow(prometheus, self.workload(w), (w.port,), "scrape"))
-        out += self._datastores(data, ops, prometheus)
+        out.append(self.api(self.workload(workloads.HOTKEY_OPERATOR), "Kopf watches its CRs"))
+        for ns in a.namespaces:
+            dns = Pods.of(DNS_NAMESPACE, DNS_LABELS, "kube-dns")
+            out.append(Flow(self.every(ns), dns, (DNS_PORT,), "DNS", ("UDP", "TCP")))
+        for d in a.dials:
+            for host, port in endpoints(d.address):
+                dst = self.resolve(host)
+                out.append(Flow(self.app(d.namespace, d.app), dst, (port,), d.why, d.protocols))
+        out += self._edge()
+        prometheus = self.app(a.observability_namespace, "prometheus")
+        # the Deployments infra/services.py renders carry the scrape annotations (the
+        # operator's does not): Prometheus discovers them and scrapes their metrics port
+        for w in workloads.SERVICES:
+            out.append(Flow(prometheus, self.workload(w), (w.ops_port,), "scrape"))
+        out += self._datastores(prometheus)
+        out += self._operators()
         return out
 
-    def _datastores(self, data: str, ops: str, prometheus: Pods) -> Iterable[Flow]:
+    def _edge(self) -> Iterable[Flow]:
+        envoy = self.app(self.a.edge_namespace, "envoy")
+        # The NLB (IP targets) connects from its own addresses in the public subnets, health
+        # checks included; were the client IP preserved, it would be Cloudflare's
+        # (gateway.CLOUDFLARE_IPV4, the NLB's only allowed sources either way).
+        for cidr in (*self.load_balancers, *gateway.CLOUDFLARE_IPV4):
+            yield Flow(Cidr(cidr), envoy, (gateway.LISTENER_PORT,), "the public listener")
+
+    def _operators(self) -> Iterable[Flow]:
+        # Only our Helm releases' pods run here, and every one of them watches the API (and
+        # cert-manager's ACME issuer is on the internet's 443 too); the API server calls their
+        # admission webhooks from its network interfaces in the private subnets. Namespace-wide
+        # on purpose: a chart's pod labels are its own to change, and a webhook that the API
+        # server cannot reach fails every admission it guards.
+        ops = self.every(self.a.operators_namespace)
+        yield self.api(ops, "the operators watch their resources")
+        for cidr in self.control_plane:
+            yield Flow(Cidr(cidr), ops, OPERATOR_WEBHOOKS, "the API server's admission calls")
+
+    def _datastores(self, prometheus: Pods) -> Iterable[Flow]:
         a = self.a
+        data, ops = a.data_namespace, a.operators_namespace
         for role in REDIS_CLUSTERS:
             nodes = self.app(data, role)
             ports = (redis_infra.PORT, redis_infra.BUS_PORT)
@@ -233,6 +290,8 @@ class Table:
             data, {"strimzi.io/name": f"{a.kafka_cluster}-entity-operator"}, "entity-operator"
         )
         yield Flow(kafka, kafka, (STRIMZI_CONTROL_PLANE, STRIMZI_REPLICATION), "KRaft")
+        # the brokers' init container reads its node's zone (rack awareness)
+        yield self.api(kafka, "the broker's rack")
         yield Flow(
             operator,
             kafka,
@@ -240,28 +299,40 @@ class Table:
             "Strimzi rolls and checks the brokers",
         )
         yield Flow(entity_operator, kafka, (STRIMZI_REPLICATION,), "topic and user operators")
+        yield self.api(entity_operator, "KafkaTopics and KafkaUsers")
         yield Flow(prometheus, kafka, (STRIMZI_METRICS,), "scrape")
-        for peer, _ in a.peers:
+        for peer in a.peers:
             mm2 = Pods.of(
                 data,
-                {"strimzi.io/cluster": f"mirror-{peer}", "strimzi.io/kind": "KafkaMirrorMaker2"},
-                f"mirror-{peer}",
+                {
+                    "strimzi.io/cluster": f"mirror-{peer.region}",
+                    "strimzi.io/kind": "KafkaMirrorMaker2",
+                },
+                f"mirror-{peer.region}",
             )
             for host, port in endpoints(a.registry_kafka_bootstrap):
                 yield Flow(mm2, self.resolve(host), (port,), "MirrorMaker 2 writes here")
+            for _, port in endpoints(peer.kafka_bootstrap):
+                # the peer's internal NLB, in its VPC
+                yield Flow(mm2, Cidr(str(peer.vpc_cidr)), (port,), "MirrorMaker 2 pulls there")
             yield Flow(operator, mm2, (CONNECT_REST,), "Strimzi configures the connectors")
             yield Flow(mm2, mm2, (CONNECT_REST,), "Connect workers forward to the leader")
             yield Flow(prometheus, mm2, (STRIMZI_METRICS,), "scrape")
-        for _, cidr in a.peers:
-            yield Flow(Cidr(cidr), kafka, (KAFKA_PEERS_PORT,), "the peer's MirrorMaker 2")
-            if a.scylla_multi_dc:
-                yield Flow(Cidr(cidr), self.scylla, SCYLLA_INTERNODE, "the peer data centre")
         nodes = self.scylla
+        for peer in a.peers:
+            peer_mm2 = Cidr(str(peer.vpc_cidr))
+            yield Flow(peer_mm2, self.brokers, (KAFKA_PEERS_PORT,), "the peer's MirrorMaker 2")
+            if a.scylla_multi_dc:
+                peer_dc = Cidr(str(peer.vpc_cidr))
+                yield Flow(peer_dc, nodes, SCYLLA_INTERNODE, "the peer data centre")
+                yield Flow(nodes, peer_dc, SCYLLA_INTERNODE, "the peer data centre")
         # the operator's node Jobs (cleanup after a topology change) carry the cluster's label
         # and call the member's agent
         yield Flow(nodes, nodes, (*SCYLLA_INTERNODE, SCYLLA_AGENT), "gossip, replication, Jobs")
+        # each member's operator sidecar watches its Service and the ScyllaCluster
+        yield self.api(nodes, "the member's sidecar")
         yield Flow(self.app(data, "schema-migration"), nodes, (scylla.CQL_PORT,), "migration Job")
-        yield Flow(Pods.of(ops, {}, "operators"), nodes, (SCYLLA_AGENT,), "the Scylla Operator")
+        yield Flow(self.every(ops), nodes, (SCYLLA_AGENT,), "the Scylla Operator")
         yield Flow(prometheus, nodes, (SCYLLA_METRICS,), "scrape")
 
 
@@ -287,7 +358,8 @@ def _ports(f: Flow) -> list[k8s.networking.v1.NetworkPolicyPortArgs]:
 
 
 class NetworkPolicies(pulumi.ComponentResource):
-    """Default-deny plus one policy per selected pod group, rendered from `Table.flows`."""
+    """Default-deny both ways in every namespace of ours, plus one policy per selected pod group
+    and direction, rendered from `Table.flows`."""
 
     flows: list[Flow]
 
@@ -296,19 +368,18 @@ class NetworkPolicies(pulumi.ComponentResource):
     ) -> None:
         super().__init__("likes:infra:NetworkPolicies", name, None, opts)
         self.flows = Table(args).flows()
-        deny_ingress = (args.apps_namespace, args.data_namespace)
-        deny_egress = (args.apps_namespace,)
-        for ns in deny_ingress:
-            self._policy(ns, "default-deny-ingress", Pods.of(ns, {}, "all"), ingress=[])
-        for ns in deny_egress:
-            self._policy(ns, "default-deny-egress", Pods.of(ns, {}, "all"), egress=[])
+        ours = args.namespaces
+        for ns in ours:
+            every = Table.every(ns)
+            self._policy(ns, "default-deny-ingress", every, ingress=[])
+            self._policy(ns, "default-deny-egress", every, egress=[])
         net = k8s.networking.v1
         by_dst: dict[Pods, list[Flow]] = {}
         by_src: dict[Pods, list[Flow]] = {}
         for f in self.flows:
-            if isinstance(f.dst, Pods) and f.dst.namespace in deny_ingress:
+            if isinstance(f.dst, Pods) and f.dst.namespace in ours:
                 by_dst.setdefault(f.dst, []).append(f)
-            if isinstance(f.src, Pods) and f.src.namespace in deny_egress:
+            if isinstance(f.src, Pods) and f.src.namespace in ours:
                 by_src.setdefault(f.src, []).append(f)
         for dst, flows in by_dst.items():
             ingress = [

@@ -6,7 +6,7 @@ and Alertmanager: pages to PagerDuty, tickets to a webhook, the Watchdog to a de
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,11 @@ PROMETHEUS_IMAGE = f"prom/prometheus:v{PROMETHEUS_VERSION}"
 ALERTMANAGER_IMAGE = f"prom/alertmanager:v{ALERTMANAGER_VERSION}"
 PROMETHEUS_PORT = 9090
 ALERTMANAGER_PORT = 9093
+ALERTMANAGER_CLUSTER_PORT = 9094  # the replicas' gossip (memberlist: TCP and UDP)
+ALERTMANAGER_REPLICAS = 3
+# Alertmanager's default (global.pagerduty_url), named in the rendered receiver so that what
+# the NetworkPolicy opens is read from the config
+PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
 def config_map_name(app: str) -> str:
@@ -213,7 +218,10 @@ def alertmanager_config(has_pager: bool, receivers: AlertReceivers) -> dict[str,
                 "name": PAGER_RECEIVER,
                 # Read from the mounted Secret: the key never sits in this ConfigMap.
                 "pagerduty_configs": [
-                    {"routing_key_file": "/etc/alertmanager/pagerduty/routing-key"}
+                    {
+                        "routing_key_file": "/etc/alertmanager/pagerduty/routing-key",
+                        "url": PAGERDUTY_URL,
+                    }
                 ],
             }
         )
@@ -238,9 +246,47 @@ def alertmanager_config(has_pager: bool, receivers: AlertReceivers) -> dict[str,
     return {"route": route, "receivers": out}
 
 
+def dials(
+    ns: str,
+    front: Mapping[str, Any],
+    sampler: Mapping[str, Any],
+    prometheus: Mapping[str, Any],
+    alerting: Mapping[str, Any],
+    alertmanager_peers: Sequence[str],
+) -> list[kx.Dial]:
+    """The connections the rendered configs make (infra/netpol.py opens exactly these; the
+    workloads' own, to the collector, follow their env): read from the configs, so a new
+    receiver or exporter is opened with it. Prometheus's scrapes follow the pods it discovers."""
+    resolver = front["exporters"]["loadbalancing"]["resolver"]["k8s"]
+    out = [
+        kx.Dial(ns, "otel-collector", f"{resolver['service']}.svc:{port}", "to the samplers")
+        for port in resolver["ports"]
+    ]
+    out.append(kx.Dial(ns, "otel-collector", kx.KUBE_API, "the k8s resolver's endpoints"))
+    tempo = sampler["exporters"][otel_config.TEMPO_EXPORTER]["endpoint"]
+    out.append(kx.Dial(ns, "otel-sampler", tempo, "the sampled traces"))
+    for am in prometheus["alerting"]["alertmanagers"]:
+        for static in am["static_configs"]:
+            out += [kx.Dial(ns, "prometheus", t, "alerts") for t in static["targets"]]
+    out += [kx.Dial(ns, "prometheus", w["url"], "remote write") for w in prometheus["remote_write"]]
+    if any("kubernetes_sd_configs" in job for job in prometheus["scrape_configs"]):
+        out.append(kx.Dial(ns, "prometheus", kx.KUBE_API, "Kubernetes service discovery"))
+    for receiver in alerting["receivers"]:
+        for kind, integrations in receiver.items():
+            if kind.endswith("_configs"):
+                # every integration names its URL (a kind without one fails here)
+                why = f"the {receiver['name']} receiver"
+                out += [kx.Dial(ns, "alertmanager", i["url"], why) for i in integrations]
+    out += [
+        kx.Dial(ns, "alertmanager", peer, "gossip", ("TCP", "UDP")) for peer in alertmanager_peers
+    ]
+    return out
+
+
 class Observability(pulumi.ComponentResource):
     otlp_endpoint: str
     prometheus_url: str
+    dials: list[kx.Dial]
 
     def __init__(
         self, name: str, args: ObservabilityArgs, opts: pulumi.ResourceOptions | None = None
@@ -270,15 +316,12 @@ class Observability(pulumi.ComponentResource):
             resources=kx.resources("1", "2Gi", cpu_limit="2"),
             uid=10001,
         )
+        front = loadbalancer_config(f"otel-sampler.{ns}")
         self._deployment(
             "otel-collector",
             image=COLLECTOR_IMAGE,
             args_=["--config=/etc/otelcol/config.yaml"],
-            files={
-                "config.yaml": yaml.safe_dump(
-                    loadbalancer_config(f"otel-sampler.{ns}"), sort_keys=False
-                )
-            },
+            files={"config.yaml": yaml.safe_dump(front, sort_keys=False)},
             ports={"otlp-grpc": OTLP_GRPC, "otlp-http": OTLP_HTTP},
             replicas=args.collector_replicas,
             service_account_rbac=True,  # the k8s resolver watches the sampler's endpoints
@@ -306,6 +349,7 @@ class Observability(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         alertmanager_address = in_cluster("alertmanager", ns, ALERTMANAGER_PORT)
+        prometheus = prometheus_config(args, alertmanager_address)
         self._stateful(
             "prometheus",
             image=PROMETHEUS_IMAGE,
@@ -315,11 +359,7 @@ class Observability(pulumi.ComponentResource):
                 f"--storage.tsdb.retention.time={args.prometheus_retention}",
                 "--web.enable-lifecycle",
             ],
-            files={
-                PROMETHEUS_CONFIG_FILE: yaml.safe_dump(
-                    prometheus_config(args, alertmanager_address), sort_keys=False
-                )
-            },
+            files={PROMETHEUS_CONFIG_FILE: yaml.safe_dump(prometheus, sort_keys=False)},
             config_path="/etc/prometheus",
             ports={"http": PROMETHEUS_PORT},
             probe=kx.http_probe("/-/ready", PROMETHEUS_PORT, delay=10),
@@ -343,26 +383,26 @@ class Observability(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
             extra.append(("pagerduty", f"secret:{PAGERDUTY_SECRET}", "/etc/alertmanager/pagerduty"))
-        receivers = args.receivers
+        alerting = alertmanager_config(has_pager, args.receivers)
+        peers = [
+            f"alertmanager-{i}.alertmanager.{svc}:{ALERTMANAGER_CLUSTER_PORT}"
+            for i in range(ALERTMANAGER_REPLICAS)
+        ]
         self._stateful(
             "alertmanager",
             image=ALERTMANAGER_IMAGE,
             args_=[
                 "--config.file=/etc/alertmanager/alertmanager.yml",
                 "--storage.path=/alertmanager",
-                "--cluster.listen-address=0.0.0.0:9094",
-                *[f"--cluster.peer=alertmanager-{i}.alertmanager.{svc}:9094" for i in range(3)],
+                f"--cluster.listen-address=0.0.0.0:{ALERTMANAGER_CLUSTER_PORT}",
+                *[f"--cluster.peer={peer}" for peer in peers],
             ],
-            files={
-                ALERTMANAGER_CONFIG_FILE: yaml.safe_dump(
-                    alertmanager_config(has_pager, receivers), sort_keys=False
-                )
-            },
+            files={ALERTMANAGER_CONFIG_FILE: yaml.safe_dump(alerting, sort_keys=False)},
             config_path="/etc/alertmanager",
-            ports={"http": ALERTMANAGER_PORT, "cluster": 9094},
+            ports={"http": ALERTMANAGER_PORT, "cluster": ALERTMANAGER_CLUSTER_PORT},
             probe=kx.http_probe("/-/ready", ALERTMANAGER_PORT),
             liveness=kx.http_probe("/-/healthy", ALERTMANAGER_PORT, delay=10),
-            replicas=3,
+            replicas=ALERTMANAGER_REPLICAS,
             storage=("data", "/alertmanager", 2),
             resources=kx.resources("100m", "256Mi", cpu_limit="500m"),
             uid=65534,
@@ -371,6 +411,7 @@ class Observability(pulumi.ComponentResource):
         # the services export with the OTLP/HTTP SDK: the full traces URL of the HTTP receiver
         self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_HTTP}/v1/traces"
         self.prometheus_url = f"http://{in_cluster('prometheus', ns, PROMETHEUS_PORT)}"
+        self.dials = dials(ns, front, sampler, prometheus, alerting, peers)
         self.register_outputs(
             {"otlp_endpoint": self.otlp_endpoint, "prometheus_url": self.prometheus_url}
         )

@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 import hashlib
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,11 +164,19 @@ def _execute(stack: str, values: dict[str, str], secret_keys: list[str]) -> list
     return monitor.declared
 
 
-def run(stack: str, directory: Path = stackfile.STACKS_DIR) -> Plan:
-    """Plan one stack. Raises `config.ConfigError` / `stackfile.StackFileError` on bad config."""
+def run(
+    stack: str,
+    directory: Path = stackfile.STACKS_DIR,
+    secrets: Mapping[str, str] | None = None,
+) -> Plan:
+    """Plan one stack. Raises `config.ConfigError` / `stackfile.StackFileError` on bad config.
+    `secrets`: values for secret keys (`likes:<field>` -> value) instead of the offline
+    placeholder, e.g. to render a password rotation."""
     sf = stackfile.load(stack, directory)
+    values = {**sf.values, **(secrets or {})}
+    secret_keys = sf.secret_keys | set(secrets or {})
     # Validate first so a bad value never reaches the program (and the error names the key).
-    config.parse(sf.values, sf.secret_keys)
-    resources = contextvars.Context().run(_execute, stack, sf.values, sorted(sf.secret_keys))
-    violations = policies.check(resources, sf.values, sf.secret_keys)
+    config.parse(values, secret_keys)
+    resources = contextvars.Context().run(_execute, stack, values, sorted(secret_keys))
+    violations = policies.check(resources, values, secret_keys)
     return Plan(stack, resources, violations, sf.placeholders)

@@ -8,12 +8,19 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-NS_APPS = "likes"
+from services.contracts import workloads
+
+NS_APPS = workloads.NAMESPACE
 NS_EDGE = "likes-edge"
 NS_DATA = "likes-data"
 NS_OBSERVABILITY = "likes-observability"
 NS_OPERATORS = "likes-operators"
 STORAGE_CLASS = "gp3"
+# The operators' admission webhooks, which the API server calls (infra/netpol.py opens them):
+# cert-manager's is set here (its chart's default too); the Scylla Operator's webhook server
+# listens on a port its chart fixes.
+CERT_MANAGER_WEBHOOK_PORT = 10250
+SCYLLA_WEBHOOK_PORT = 5000
 
 # Pinned chart versions; bump deliberately (CRD changes ride along with the operator).
 CHARTS = {
@@ -81,7 +88,11 @@ class Platform(pulumi.ComponentResource):
         )
         ops_ns = self.namespaces[NS_OPERATORS]
         after_ns = pulumi.ResourceOptions(parent=self, depends_on=[ops_ns])
-        cert_manager = self._release("cert-manager", {"crds": {"enabled": True}}, after_ns)
+        cert_manager = self._release(
+            "cert-manager",
+            {"crds": {"enabled": True}, "webhook": {"securePort": CERT_MANAGER_WEBHOOK_PORT}},
+            after_ns,
+        )
         # Our NetworkPolicies say who reaches Kafka (infra/netpol.py); Strimzi's would open each
         # listener to every namespace.
         strimzi = self._release(

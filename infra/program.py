@@ -70,6 +70,7 @@ def main() -> None:
     scylla_password = pulumi.Output.secret(cfg.scylla_password.get_secret_value())
     kafka_password = pulumi.Output.secret(cfg.kafka_password.get_secret_value())
     registry_password = pulumi.Output.secret(cfg.schema_registry_password.get_secret_value())
+    kafka_registry_password = pulumi.Output.secret(cfg.kafka_registry_password.get_secret_value())
 
     store = redis.Redis(
         "redis",
@@ -108,7 +109,7 @@ def main() -> None:
             min_insync_replicas=k.min_insync_replicas,
             mirror_maker_replicas=k.mirror_maker_replicas,
             service_password=kafka_password,
-            registry_password=pulumi.Output.secret(cfg.kafka_registry_password.get_secret_value()),
+            registry_password=kafka_registry_password,
             peers=cfg.peers,
             depends_on=[*plat.operators, ns[platform.NS_DATA]],
             cert_depends_on=issuer,
@@ -159,6 +160,7 @@ def main() -> None:
             namespace=platform.NS_DATA,
             kafka_bootstrap=spine.bootstrap_servers,
             password=registry_password,
+            kafka_password=kafka_registry_password,
             registration_image=image,
             depends_on=[ns[platform.NS_DATA], spine],
             cert_depends_on=issuer,
@@ -241,23 +243,6 @@ def main() -> None:
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[apps]),
     )
-    netpol.NetworkPolicies(
-        "network-policies",
-        netpol.NetpolArgs(
-            apps_namespace=platform.NS_APPS,
-            edge_namespace=platform.NS_EDGE,
-            data_namespace=platform.NS_DATA,
-            observability_namespace=platform.NS_OBSERVABILITY,
-            operators_namespace=platform.NS_OPERATORS,
-            env=env,
-            registry_kafka_bootstrap=spine.bootstrap_servers,
-            kafka_cluster=kafka.KafkaArgs.cluster_name,
-            scylla_cluster=scylla.ScyllaArgs.cluster_name,
-            peers=[(p.region, str(p.vpc_cidr)) for p in cfg.peers],
-            scylla_multi_dc=bool(s.peer_datacenters),
-        ),
-        pulumi.ResourceOptions(providers=[eks.provider], depends_on=list(ns.values())),
-    )
     g = cfg.gateway
     edge = gateway.Gateway(
         "gateway",
@@ -277,8 +262,29 @@ def main() -> None:
             read_upstream=apps.upstreams[workloads.READ.name],
             sampler_upstream=apps.upstreams[workloads.HOTKEY_SAMPLER.name],
             depends_on=plat.operators,
+            cert_depends_on=issuer,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_EDGE]]),
+    )
+    netpol.NetworkPolicies(
+        "network-policies",
+        netpol.NetpolArgs(
+            apps_namespace=platform.NS_APPS,
+            edge_namespace=platform.NS_EDGE,
+            data_namespace=platform.NS_DATA,
+            observability_namespace=platform.NS_OBSERVABILITY,
+            operators_namespace=platform.NS_OPERATORS,
+            env=env,
+            registry_kafka_bootstrap=spine.bootstrap_servers,
+            kafka_cluster=kafka.KafkaArgs.cluster_name,
+            scylla_cluster=scylla.ScyllaArgs.cluster_name,
+            peers=cfg.peers,
+            scylla_multi_dc=bool(s.peer_datacenters),
+            vpc_cidr=cfg.network.vpc_cidr,
+            zones=len(cfg.zones),
+            dials=[*edge.dials, *obs.dials],
+        ),
+        pulumi.ResourceOptions(providers=[eks.provider], depends_on=list(ns.values())),
     )
     edge_cache = cdn.Cdn(
         "cdn",

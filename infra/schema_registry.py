@@ -48,6 +48,9 @@ class SchemaRegistryArgs:
     namespace: str
     kafka_bootstrap: str
     password: pulumi.Input[str]  # registry_contract.SERVICE_USER's (basic auth)
+    # the registry's own Kafka user's (kafka_contract.REGISTRY_SECRET, which infra/kafka.py
+    # writes): read at start only, so a rotation restarts the pods
+    kafka_password: pulumi.Input[str]
     registration_image: str  # the services image: it holds the applier
     replicas: int = 2
     image: str = "confluentinc/cp-schema-registry:8.1.0"
@@ -158,7 +161,19 @@ class SchemaRegistry(pulumi.ComponentResource):
                 replicas=args.replicas,
                 selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
                 template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    metadata=kx.meta_v1.ObjectMetaArgs(
+                        labels=lbls,
+                        # the login file and the Kafka login are read at start: a rotated
+                        # password rolls the pods (a Secret edit alone does not)
+                        annotations={
+                            kx.CREDENTIALS_ANNOTATION: kx.credentials_digest(
+                                {
+                                    LOGIN_SECRET: args.password,
+                                    kafka_contract.REGISTRY_SECRET: args.kafka_password,
+                                }
+                            )
+                        },
+                    ),
                     spec=kx.core.PodSpecArgs(
                         service_account_name=name,
                         automount_service_account_token=False,
@@ -233,6 +248,9 @@ class SchemaRegistry(pulumi.ComponentResource):
                     volume_mounts=[kx.mount("tls", tls.MOUNT_DIR, read_only=True)],
                 ),
                 volumes=[tls_infra.ca_volume("tls", tls.REGISTRY.secret)],
+                # a rotated login re-runs it against the rolled registry: the deploy proves
+                # the new password is the one the registry takes
+                credentials={registry_contract.AUTH_SECRET: args.password},
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )

@@ -228,6 +228,11 @@ class Scylla(pulumi.ComponentResource):
                     kx.config_volume("cql", "scylla-cql"),
                     tls_infra.ca_volume("tls", tls.SCYLLA.secret),
                 ],
+                # a rotated service password re-runs the Job, which ALTERs the role to it
+                credentials={
+                    cql_roles.ADMIN_SECRET: args.admin_password,
+                    cql_roles.AUTH_SECRET: args.service_password,
+                },
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[scylla, cql, *secrets]),
         )

@@ -14,13 +14,25 @@ from __future__ import annotations
 import asyncio
 import shutil
 
+import grpc
 import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from local import tls as local_tls
 from local.components.base import Component, ProbeFailed, Server
 from local.layout import HOST, Layout
 from services.contracts import etcd, tls
 from services.schema import etcd_auth
+
+BOOTSTRAP_PATIENCE_S = 120.0
+_TRANSIENT = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+
+
+def _transient(e: BaseException) -> bool:
+    """etcd did not answer in time (or not yet): worth another try. The applier wraps the RPC
+    error (etcd_auth.AuthSetupError from AioRpcError)."""
+    rpc = e if isinstance(e, grpc.aio.AioRpcError) else e.__cause__
+    return isinstance(rpc, grpc.aio.AioRpcError) and rpc.code() in _TRANSIENT
 
 
 def credentials(layout: Layout) -> etcd.Credentials:
@@ -97,7 +109,21 @@ class Etcd(Component):
         root = transforms.stack_secrets(self.layout)[transforms.ETCD_ROOT]
         port = self.layout.ports.etcd_client
         ca = local_tls.client_ca(self.layout)
-        asyncio.run(etcd_auth.apply(HOST, port, root, credentials(self.layout), ca_file=ca))
+        # a member that has just (re)started can take seconds to answer a login (a TLS handshake
+        # and bcrypt, on a loaded 2-core machine): retry what times out, as the program's Job is
+        # retried by its backoffLimit; a refused password fails at once
+        for attempt in Retrying(
+            stop=stop_after_delay(BOOTSTRAP_PATIENCE_S),
+            wait=wait_exponential(multiplier=0.5, max=5),
+            retry=retry_if_exception(_transient),
+            reraise=True,
+        ):
+            with attempt:
+                asyncio.run(
+                    etcd_auth.apply(
+                        HOST, port, root, credentials(self.layout), timeout=15.0, ca_file=ca
+                    )
+                )
 
     def metrics_targets(self) -> list[str]:
         return [f"{HOST}:{self.layout.ports.etcd_metrics}"]

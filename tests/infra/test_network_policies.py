@@ -6,22 +6,31 @@ model of each stack's pods: the plan's own pod templates, plus the pods the oper
 - every workload reaches every server it is configured with, and nothing else in the datastores'
   namespace, on no other port;
 - the edge namespace reaches no datastore;
-- the platform's own paths (peers, setup Jobs, operators, MirrorMaker 2, Prometheus, DNS) work.
+- the platform's own paths (peers, setup Jobs, operators, MirrorMaker 2, Prometheus, DNS) work;
+- in every namespace of ours, a connection nobody declared is denied (a pod nobody selects gets
+  DNS only, nothing reaches it; from outside, only the load balancer, the API server's webhook
+  calls and the peer regions get in), and every connection the rendered configs imply is allowed
+  (`implied`: Envoy's clusters, Prometheus's discovery and targets, Alertmanager's receivers and
+  peers, the collectors' exporters, the API for every pod with a token, the workloads' env);
+- the edge and observability pods allow exactly what their configs imply, in and out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Network, ip_address
 from typing import Any
 
 import pytest
+import yaml
 
-from infra import config, plan, platform
+from infra import config, gateway, netpol, network, observability, plan, platform
 from services.contracts import workloads
-from tests.infra.conftest import STACKS, by_kind
+from tests.infra.conftest import STACKS, by_kind, named
 from tests.infra.netpol_eval import Address, Cluster, Pod
 
 APPS, EDGE, DATA = platform.NS_APPS, platform.NS_EDGE, platform.NS_DATA
@@ -38,6 +47,9 @@ class Model:
     pods: list[Pod]
     services: dict[tuple[str, str], dict[str, str]]  # (namespace, name) -> selector
     env: dict[str, dict[str, str]]  # workload -> LIKES_* -> value (plain values only)
+    tokens: set[Pod] = dataclasses.field(default_factory=set)  # pods that carry an API token
+    annotations: dict[Pod, dict[str, str]] = dataclasses.field(default_factory=dict)
+    metrics: dict[Pod, set[int]] = dataclasses.field(default_factory=dict)  # ports serving metrics
 
     def where(self, namespace: str, **labels: str) -> list[Pod]:
         found = [
@@ -55,8 +67,11 @@ class Model:
         return self.one(APPS, **{NAME: name})
 
     def behind(self, host: str) -> list[Pod] | Address:
-        """The pods a host name reaches (through its Service), or a public address."""
+        """The pods a host name reaches (through its Service, or a pod's own name under its
+        headless Service), or a public address."""
         parts = host.split(".")
+        if len(parts) >= 4 and parts[3] == "svc":
+            parts = parts[1:]
         if len(parts) < 3 or parts[2] != "svc":
             return PUBLIC
         selector = self.services[(parts[1], parts[0])]
@@ -77,15 +92,37 @@ def model(p: plan.Plan) -> Model:
     pods: list[Pod] = []
     services: dict[tuple[str, str], dict[str, str]] = {}
     env: dict[str, dict[str, str]] = {}
+    tokens: set[Pod] = set()
+    annotations: dict[Pod, dict[str, str]] = {}
+    metrics: dict[Pod, set[int]] = {}
+    # a pod mounts an API token unless it or its ServiceAccount says not to
+    sa_automount = {
+        (r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]): r.inputs.get(
+            "automountServiceAccountToken"
+        )
+        for r in by_kind(p, "ServiceAccount")
+    }
     for r in p.resources:
         kind, md = r.inputs.get("kind"), r.inputs.get("metadata", {})
         if kind in ("Deployment", "StatefulSet", "Job"):
             t = r.inputs["spec"]["template"]
-            ports = _tcp(
-                *(q["containerPort"] for c in t["spec"]["containers"] for q in c.get("ports", []))
-            )
+            containers = t["spec"]["containers"]
+            ports = _tcp(*(q["containerPort"] for c in containers for q in c.get("ports", [])))
             pod = Pod(md["namespace"], t["metadata"]["labels"], next(ips), md["name"], ports)
             pods.append(pod)
+            automount = t["spec"].get("automountServiceAccountToken")
+            if automount is None:
+                account = t["spec"].get("serviceAccountName", "default")
+                automount = sa_automount.get((md["namespace"], account))
+            if automount is not False:
+                tokens.add(pod)
+            annotations[pod] = t["metadata"].get("annotations") or {}
+            metrics[pod] = {
+                q["containerPort"]
+                for c in containers
+                for q in c.get("ports", [])
+                if q.get("name") == "metrics"
+            }
             if md["namespace"] == APPS and md["name"] in workloads.BY_NAME:
                 (c,) = t["spec"]["containers"]
                 env[md["name"]] = {e["name"]: e["value"] for e in c["env"] if "value" in e}
@@ -105,10 +142,14 @@ def model(p: plan.Plan) -> Model:
             **{f"strimzi.io/{role}-role": "true" for role in roles},
         }
         ports = _tcp(9090, 9091, 8443, 9404, *(listeners if "broker" in roles else []))
-        pods.append(Pod(DATA, labels, next(ips), f"kafka {pool.inputs['metadata']['name']}", ports))
+        node = Pod(DATA, labels, next(ips), f"kafka {pool.inputs['metadata']['name']}", ports)
+        pods.append(node)
+        tokens.add(node)  # rack awareness: the init container reads the node's zone
+        metrics[node] = {9404}
     services[(DATA, f"{cluster}-kafka-bootstrap")] = {**strimzi, "strimzi.io/broker-role": "true"}
     eo = {**strimzi, "strimzi.io/name": f"{cluster}-entity-operator"}
     pods.append(Pod(DATA, eo, next(ips), "entity operator"))
+    tokens.add(pods[-1])  # it watches KafkaTopics and KafkaUsers
     for mm2 in by_kind(p, "KafkaMirrorMaker2"):
         name = mm2.inputs["metadata"]["name"]
         labels = {
@@ -117,6 +158,7 @@ def model(p: plan.Plan) -> Model:
             "strimzi.io/name": f"{name}-mirrormaker2",
         }
         pods.append(Pod(DATA, labels, next(ips), f"mirror maker {name}", _tcp(8083, 9404)))
+        metrics[pods[-1]] = {9404}
     for sc in by_kind(p, "ScyllaCluster"):
         name = sc.inputs["metadata"]["name"]
         labels = {
@@ -126,10 +168,26 @@ def model(p: plan.Plan) -> Model:
         }
         ports = _tcp(9042, 19042, 7000, 7001, 7199, 9180, 10001)
         pods.append(Pod(DATA, labels, next(ips), f"scylla {name}", ports))
+        tokens.add(pods[-1])  # the operator's sidecar in each member
+        metrics[pods[-1]] = {9180}
         services[(DATA, f"{name}-client")] = {"scylla/cluster": name, NAME: "scylla"}
+    # the operators' pods as their charts label them; each watches the API
     co = {"name": "strimzi-cluster-operator", "strimzi.io/kind": "cluster-operator"}
     pods.append(Pod(OPS, co, next(ips), "strimzi cluster operator"))
     pods.append(Pod(OPS, {NAME: "scylla-operator"}, next(ips), "scylla operator"))
+    # the Scylla Operator's chart fixes its webhook server's port; cert-manager's is a value
+    scylla_webhook = {NAME: "webhook-server", "app.kubernetes.io/instance": "webhook-server"}
+    pods.append(Pod(OPS, scylla_webhook, next(ips), "scylla webhook server", _tcp(5000)))
+    (cert_manager,) = [r for r in p.resources if r.name == "op-cert-manager"]
+    webhook_port = cert_manager.inputs["values"]["webhook"]["securePort"]
+    for component, ports in (("controller", _tcp(9402)), ("webhook", _tcp(webhook_port, 6080))):
+        labels = {
+            NAME: "cert-manager" if component == "controller" else component,
+            "app.kubernetes.io/instance": "cert-manager",
+            "app.kubernetes.io/component": component,
+        }
+        pods.append(Pod(OPS, labels, next(ips), f"cert-manager {component}", ports))
+    tokens.update(pod for pod in pods if pod.namespace == OPS)
     dns = frozenset({(53, "UDP"), (53, TCP), (9153, TCP)})
     pods.append(Pod("kube-system", {"k8s-app": "kube-dns"}, next(ips), "coredns", dns))
     pods.append(Pod("kube-system", {"k8s-app": "metrics-server"}, next(ips), "metrics", _tcp(443)))
@@ -139,7 +197,7 @@ def model(p: plan.Plan) -> Model:
     }
     namespaces["kube-system"] = {}
     policies = [r.inputs for r in by_kind(p, "NetworkPolicy")]
-    return Model(Cluster(policies, namespaces), pods, services, env)
+    return Model(Cluster(policies, namespaces), pods, services, env, tokens, annotations, metrics)
 
 
 @pytest.fixture(scope="module")
@@ -253,10 +311,9 @@ def test_the_platform_paths_still_work(
     stranger = Address("10.30.4.4", "another VPC")
     ok = m.cluster.allowed
     prometheus = m.one(OBS, **{NAME: "prometheus"})
-    envoy = m.one(EDGE, **{NAME: "envoy"})
     for w in workloads.ALL:
-        assert ok(prometheus, m.workload(w.name), w.port), f"scrape {w.name}"
-        assert ok(envoy, m.workload(w.name), w.port) == (w.kind == "http"), f"gateway {w.name}"
+        if w.kind == "http":  # the API port (mTLS) is the gateway's alone
+            assert not ok(prometheus, m.workload(w.name), w.port), f"{w.name}'s API from Prometheus"
     for role in ("count-cache", "idem-store"):
         a, b = m.where(DATA, **{NAME: role})[0], m.where(DATA, **{NAME: role})[-1]
         assert ok(a, b, 6379) and ok(a, b, 16379), f"{role} replication and bus"
@@ -366,3 +423,300 @@ def test_the_evaluator_denies_by_default_and_unions_policies() -> None:
     }
     assert not Cluster([egress], ns).allowed(a, b, 80), "excepted address"
     assert Cluster([egress], ns).allowed(a, other, 80)
+
+
+# --- every namespace: denied unless declared, and everything the rendered configs imply -------
+
+OURS = (APPS, EDGE, DATA, OBS, OPS)
+UDP = "UDP"
+# Alertmanager's documented defaults for an integration that names no URL
+DEFAULT_URLS = {"pagerduty_configs": "https://events.pagerduty.com/v2/enqueue"}
+
+
+@dataclass(frozen=True)
+class Conn:
+    src: Pod
+    dst: Pod | Address
+    port: int
+    why: str
+    protocol: str = TCP
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    if "://" in address:
+        scheme, rest = address.split("://", 1)
+        host, _, port = rest.split("/", 1)[0].partition(":")
+        return host, int(port) if port else (443 if scheme == "https" else 80)
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+def _config_file(p: plan.Plan, namespace: str, config_map: str, key: str) -> str:
+    return str(named(p, "ConfigMap", config_map, namespace).inputs["data"][key])
+
+
+def _container(p: plan.Plan, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    (c,) = named(p, kind, name, namespace).inputs["spec"]["template"]["spec"]["containers"]
+    return dict(c)
+
+
+def implied(m: Model, p: plan.Plan) -> list[Conn]:
+    """Every connection the program's own config implies, read from what it rendered: the
+    workloads' env, Envoy's clusters, the limiter's Redis URL, Prometheus's discovery, targets
+    and remote write, Alertmanager's receivers and peers, the collectors' exporters, the API
+    for every pod that carries a token, and DNS for every pod of ours."""
+    out: list[Conn] = []
+
+    def to(srcs: list[Pod], address: str, why: str, protocols: tuple[str, ...] = (TCP,)) -> None:
+        host, port = _host_port(address)
+        where = m.behind(host)
+        for src in srcs:
+            for dst in where if isinstance(where, list) else [where]:
+                out.extend(Conn(src, dst, port, why, proto) for proto in protocols)
+
+    dns = m.one("kube-system", **{"k8s-app": "kube-dns"})
+    for pod in (q for q in m.pods if q.namespace in OURS):
+        out += [Conn(pod, dns, 53, "DNS", UDP), Conn(pod, dns, 53, "DNS")]
+        if pod in m.tokens:
+            out.append(Conn(pod, KUBE_API, 443, "the API"))
+    for w in workloads.ALL:
+        src = m.workload(w.name)
+        for where, port, use in configured(m, w):
+            for dst in where if isinstance(where, list) else [where]:
+                out.append(Conn(src, dst, port, use))
+    # the gateway: Envoy's clusters, the limiter's counters
+    envoy = m.where(EDGE, **{NAME: "envoy"})
+    bootstrap = json.loads(
+        _config_file(p, EDGE, gateway.ENVOY_CONFIG_MAP, gateway.ENVOY_CONFIG_FILE)
+    )
+    for cluster in bootstrap["staticResources"]["clusters"]:
+        for locality in cluster["loadAssignment"]["endpoints"]:
+            for lb in locality["lbEndpoints"]:
+                sa = lb["endpoint"]["address"]["socketAddress"]
+                to(envoy, f"{sa['address']}:{sa['portValue']}", f"cluster {cluster['name']}")
+    limiter = _container(p, "Deployment", "ratelimit", EDGE)
+    redis_url = next(e["value"] for e in limiter["env"] if e["name"] == "REDIS_URL")
+    to(m.where(EDGE, **{NAME: "ratelimit"}), redis_url, "the limiter's counters")
+    # Prometheus: the pods it discovers and keeps, its Alertmanagers, its remote write
+    prometheus = m.where(OBS, **{NAME: "prometheus"})
+    prom = yaml.safe_load(
+        _config_file(
+            p, OBS, observability.PROMETHEUS_CONFIG_MAP, observability.PROMETHEUS_CONFIG_FILE
+        )
+    )
+    for job in prom["scrape_configs"]:
+        for sd in job.get("kubernetes_sd_configs", []):
+            assert sd["role"] == "pod", "this derivation reads pod discovery only"
+            for pod in (q for q in m.pods if q.namespace in sd["namespaces"]["names"]):
+                ann = m.annotations.get(pod, {})
+                if ann.get(observability.SCRAPE_ANNOTATION) == "true":
+                    port = int(ann[observability.PORT_ANNOTATION])
+                    out += [Conn(src, pod, port, "scrape") for src in prometheus]
+    for am in prom["alerting"]["alertmanagers"]:
+        for static in am["static_configs"]:
+            for target in static["targets"]:
+                to(prometheus, target, "alerts")
+    for rw in prom.get("remote_write", []):
+        to(prometheus, rw["url"], "remote write")
+    # Alertmanager: its receivers' URLs and its peers (gossip over TCP and UDP)
+    alertmanager = m.where(OBS, **{NAME: "alertmanager"})
+    am_cfg = yaml.safe_load(
+        _config_file(
+            p, OBS, observability.ALERTMANAGER_CONFIG_MAP, observability.ALERTMANAGER_CONFIG_FILE
+        )
+    )
+    for receiver in am_cfg["receivers"]:
+        for kind, integrations in receiver.items():
+            if kind.endswith("_configs"):
+                for i in integrations:
+                    to(alertmanager, i.get("url") or DEFAULT_URLS[kind], receiver["name"])
+    for arg in _container(p, "StatefulSet", "alertmanager", OBS)["args"]:
+        if arg.startswith("--cluster.peer="):
+            to(alertmanager, arg.removeprefix("--cluster.peer="), "gossip", (TCP, UDP))
+    # the collectors: where each exporter sends
+    for app in ("otel-collector", "otel-sampler"):
+        collectors = m.where(OBS, **{NAME: app})
+        cfg = yaml.safe_load(
+            _config_file(p, OBS, observability.config_map_name(app), "config.yaml")
+        )
+        for exporter in cfg["exporters"].values():
+            if "endpoint" in exporter:
+                to(collectors, exporter["endpoint"], "export")
+            k8s_resolver = exporter.get("resolver", {}).get("k8s")
+            if k8s_resolver:
+                for port in k8s_resolver["ports"]:
+                    to(collectors, f"{k8s_resolver['service']}.svc:{port}", "load balancing")
+                out += [Conn(src, KUBE_API, 443, "the resolver") for src in collectors]
+    return out
+
+
+@pytest.fixture(scope="module")
+def implications(models: dict[str, Model], plans: dict[str, plan.Plan]) -> dict[str, list[Conn]]:
+    return {name: implied(models[name], plans[name]) for name in models}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("namespace", OURS)
+def test_each_namespace_allows_what_the_rendered_configs_imply(
+    models: dict[str, Model], implications: dict[str, list[Conn]], stack: str, namespace: str
+) -> None:
+    m = models[stack]
+    conns = [
+        c
+        for c in implications[stack]
+        if namespace in (c.src.namespace, getattr(c.dst, "namespace", None))
+    ]
+    assert conns, f"nothing implied for {namespace}"
+    for c in conns:
+        assert m.cluster.allowed(c.src, c.dst, c.port, c.protocol), (
+            f"{c.src.name} -> {c.dst.name}:{c.port}/{c.protocol} ({c.why})"
+        )
+
+
+def _outside(c: config.StackConfig) -> dict[str, Address]:
+    private, public = network.subnet_plan(c.network.vpc_cidr, len(c.zones))
+    out = {
+        "public": PUBLIC,
+        "api": KUBE_API,
+        "cloudflare": Address(str(IPv4Network(gateway.CLOUDFLARE_IPV4[0])[7]), "Cloudflare"),
+        "nlb": Address(str(public[0][9]), "the NLB's address in a public subnet"),
+        "control-plane": Address(str(private[1][12]), "the API server's ENI"),
+        "stranger": Address("10.30.4.4", "another VPC"),
+    }
+    for p in c.peers:
+        out[p.region] = Address(str(p.vpc_cidr[1030]), f"a node of {p.region}")
+    return out
+
+
+def _probes(m: Model) -> list[tuple[Pod, int, str]]:
+    """Every pod on every port it serves, on every port any policy names (an allow is only ever
+    on a port a policy names), and on one that nothing names."""
+    named_ports = {
+        (q["port"], q.get("protocol", TCP))
+        for policy in m.cluster.policies
+        for rule in [*(policy["spec"].get("ingress") or []), *(policy["spec"].get("egress") or [])]
+        for q in rule.get("ports") or []
+    }
+    return [
+        (pod, port, proto)
+        for pod in m.pods
+        for port, proto in sorted(pod.ports | named_ports | {(1, TCP)})
+    ]
+
+
+def _stranger(namespace: str) -> Pod:
+    return Pod(namespace, {NAME: "stranger"}, "10.99.250.250", f"a stranger in {namespace}")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("namespace", OURS)
+def test_each_namespace_denies_what_nobody_declared(
+    models: dict[str, Model], configs: dict[str, config.StackConfig], stack: str, namespace: str
+) -> None:
+    m, c = models[stack], configs[stack]
+    ok = m.cluster.allowed
+    # out: a pod nobody selects reaches DNS and nothing else. In the operators' namespace every
+    # pod is one of our releases' operators: the API (its addresses unknown at plan time, so
+    # port 443 anywhere) and the Scylla members' agent are namespace-wide there.
+    stranger = _stranger(namespace)
+    for dst, port, proto in _probes(m):
+        got = ok(stranger, dst, port, proto)
+        want = dst.labels.get("k8s-app") == "kube-dns" and port == 53
+        if namespace == OPS:
+            want |= port == 443 and dst.namespace == "kube-system"
+            want |= port == 10001 and dst.labels.get(NAME) == "scylla"
+        assert got == want, f"{stranger.name} -> {dst.name}:{port}/{proto}"
+    for address in _outside(c).values():
+        for port in (80, 443, 9094):
+            want = namespace == OPS and port == 443
+            assert ok(stranger, address, port) == want, f"{stranger.name} -> {address.name}"
+    # in: from a stranger in any namespace, nothing; from outside, only the declared entries
+    mine = [(dst, port, proto) for dst, port, proto in _probes(m) if dst.namespace == namespace]
+    assert mine, f"no pod modelled in {namespace}"
+    for src_ns in (*OURS, "default"):
+        src = _stranger(src_ns)
+        for dst, port, proto in mine:
+            want = src_ns == OPS and port == 10001 and dst.labels.get(NAME) == "scylla"
+            assert ok(src, dst, port, proto) == want, f"{src.name} -> {dst.name}:{port}"
+    outside = _outside(c)
+    peers = {p.region for p in c.peers}
+    webhooks = set(netpol.OPERATOR_WEBHOOKS)
+    for label, address in outside.items():
+        if label == "api":
+            continue  # a destination (KUBE_API sits in prod-us's VPC, which prod-eu peers with)
+        for dst, port, proto in [*mine, *((d, w, TCP) for d, _, _ in mine for w in webhooks)]:
+            if label in ("cloudflare", "nlb"):
+                want = dst.labels.get(NAME) == "envoy" and port == gateway.LISTENER_PORT
+            elif label == "control-plane":
+                want = dst.namespace == OPS and port in webhooks
+            elif label in peers:
+                want = (
+                    dst.labels.get("strimzi.io/broker-role") == "true"
+                    and port == netpol.KAFKA_PEERS_PORT
+                ) or (
+                    dst.labels.get(NAME) == "scylla"
+                    and port in netpol.SCYLLA_INTERNODE
+                    and bool(c.scylla.peer_datacenters)
+                )
+            else:
+                want = False
+            want &= proto == TCP
+            assert ok(address, dst, port, proto) == want, f"{address.name} -> {dst.name}:{port}"
+
+
+def _canonical(dst: Pod | Address) -> Pod | Address:
+    """A host name outside the cluster may be any public address: all of them are PUBLIC."""
+    if isinstance(dst, Address) and not any(
+        ip_address(dst.ip) in IPv4Network(block) for block in netpol.PRIVATE
+    ):
+        return PUBLIC
+    return dst
+
+
+def _tolerated(m: Model, c: Conn) -> bool:
+    """Allowed beyond the configs, on purpose: a pod with an API token reaches 443 anywhere
+    outside our namespaces (the API's addresses are unknown at plan time), and Prometheus the
+    datastores' exporters, which are opened ahead of a scrape config that discovers them."""
+    dst_ns = getattr(c.dst, "namespace", None)
+    if c.src in m.tokens and c.port == 443 and dst_ns not in OURS:
+        return True
+    return (
+        c.src.labels.get(NAME) == "prometheus"
+        and dst_ns == DATA
+        and isinstance(c.dst, Pod)
+        and c.port in m.metrics.get(c.dst, set())
+    )
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("namespace", (EDGE, OBS))
+def test_the_configured_namespaces_allow_exactly_what_their_configs_imply(
+    models: dict[str, Model],
+    implications: dict[str, list[Conn]],
+    configs: dict[str, config.StackConfig],
+    stack: str,
+    namespace: str,
+) -> None:
+    # the edge and observability pods connect only where their rendered configs say: each
+    # allowed connection, in or out, is implied by a config (or tolerated, and says why)
+    m = models[stack]
+    want = {(c.src, c.dst, c.port, c.protocol) for c in implications[stack]}
+    mine = [pod for pod in m.pods if pod.namespace == namespace]
+    dests: list[tuple[Pod | Address, int, str]] = [
+        *_probes(m),
+        *((a, port, TCP) for a in _outside(configs[stack]).values() for port in (80, 443, 9094)),
+        *((pod, port, UDP) for pod in mine for port, _ in pod.ports),
+    ]
+    for src in mine:
+        for dst, port, proto in dests:
+            got = m.cluster.allowed(src, dst, port, proto)
+            c = Conn(src, dst, port, "probe", proto)
+            expected = (src, _canonical(dst), port, proto) in want or _tolerated(m, c)
+            assert got == expected, f"{src.name} -> {dst.name}:{port}/{proto}: {got}"
+    for src in m.pods:
+        for dst, port, proto in _probes(m):
+            if dst.namespace == namespace:
+                got = m.cluster.allowed(src, dst, port, proto)
+                c = Conn(src, dst, port, "probe", proto)
+                expected = (src, dst, port, proto) in want or _tolerated(m, c)
+                assert got == expected, f"{src.name} -> {dst.name}:{port}/{proto}: {got}"
