@@ -17,6 +17,7 @@ import json
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import uuid
@@ -105,14 +106,18 @@ def start(server: Server, extra_env: dict[str, str] | None = None) -> subprocess
 
 
 def sampler_url(stack: Stack) -> str:
-    return f"http://{stack.host}:{stack.layout.ports.hotkey_sampler}"
+    return stack.service_url(workloads.HOTKEY_SAMPLER.name)
 
 
 @pytest.fixture(scope="module")
 def loop(stack: Stack) -> Iterator[dict[str, Any]]:
     """The stack's hot-key loop, with the test policy in etcd."""
     etcd_put(stack, POLICY_KEY, json.dumps(POLICY).encode())
-    yield {"sampler": sampler_url(stack)}
+    yield {
+        "sampler": sampler_url(stack),  # its API (what the gateway mirrors to)
+        "sampler_ops": stack.ops_url(workloads.HOTKEY_SAMPLER.name),  # its metrics
+        "verify": stack.service_verify,
+    }
     etcd_put(stack, POLICY_KEY, None)
 
 
@@ -142,11 +147,18 @@ def zipf_batch(n: int, posts: int = 5000) -> list[str]:
     return [f"cold-{min(int(10 * random.paretovariate(1.0)), posts)}" for _ in range(n)]
 
 
-def spike(sampler: str, post: str, until: Callable[[], bool], per_batch: int = 20) -> float:
+def spike(
+    sampler: str,
+    post: str,
+    until: Callable[[], bool],
+    per_batch: int = 20,
+    verify: ssl.SSLContext | bool = True,
+) -> float:
     """Send the sampler what the gateway's 1% mirror would for a viral post (feed-page batch
-    reads, each id standing for 100 reads) plus a trickle of cold reads, until `until()`."""
+    reads, each id standing for 100 reads) plus a trickle of cold reads, until `until()`.
+    `verify`: the gateway's client certificate in the --tls profile (stack.service_verify)."""
     t0 = time.monotonic()
-    with httpx.Client(timeout=2) as http:
+    with httpx.Client(timeout=2, verify=verify) as http:
         while not until():
             http.post(f"{sampler}{routes.BATCH_READ_PATH}", json={"post_ids": [post] * per_batch})
             # background: one mirrored single read of a Zipf-ish cold post
@@ -166,11 +178,15 @@ def test_flash_spike_is_flagged_replicated_tracked_then_demoted(
 
     t0 = time.monotonic()
     flagged = spike(
-        loop["sampler"], post, lambda: bool(etcd_get(stack, keys.HOTKEYS_PREFIX + post))
+        loop["sampler"],
+        post,
+        lambda: bool(etcd_get(stack, keys.HOTKEYS_PREFIX + post)),
+        verify=loop["verify"],
     )
     # the CDN heat hint (5 s TTL) follows once the rate passes the sampler's heat rate
-    spike(loop["sampler"], post, lambda: etcd_get(stack, keys.HEAT_PREFIX + post) == b"hot")
-    spike(loop["sampler"], post, lambda: bool(etcd_get(stack, hotkeys.HOTPOOL_PREFIX + post)))
+    heat, hotpool = keys.HEAT_PREFIX + post, hotkeys.HOTPOOL_PREFIX + post
+    spike(loop["sampler"], post, lambda: etcd_get(stack, heat) == b"hot", verify=loop["verify"])
+    spike(loop["sampler"], post, lambda: bool(etcd_get(stack, hotpool)), verify=loop["verify"])
     replicated = time.monotonic() - t0
     print(f"\nspike → etcd flag {flagged:.2f}s, → replicated {replicated:.2f}s")
 
@@ -203,7 +219,7 @@ def free_port() -> int:
 
 def test_a_killed_samplers_flags_expire(stack: Stack, loop: dict[str, Any]) -> None:
     # a second sampler we can kill without touching the stack's
-    port = free_port()
+    port, ops_port = free_port(), free_port()
     base = next(
         p
         for p in transforms.processes(stack.layout, stack.layout.stack, check=False)
@@ -211,15 +227,23 @@ def test_a_killed_samplers_flags_expire(stack: Stack, loop: dict[str, Any]) -> N
     )
     server = Server(
         name="sampler-victim",
-        argv=[a if a != str(base.port) else str(port) for a in base.argv],
-        address=f"http://{stack.host}:{port}",
-        probe=lambda: _http_ok(f"http://{stack.host}:{port}/readyz"),
+        argv=[
+            {str(base.port): str(port), str(base.ops_port): str(ops_port)}.get(a, a)
+            for a in base.argv
+        ],
+        address=f"{sampler_url(stack).rpartition(':')[0]}:{port}",
+        probe=lambda: _http_ok(f"http://{stack.host}:{ops_port}/readyz"),
         env=base.env,
     )
     proc = start(server, {"LIKES_SAMPLER_LEASE_TTL_S": "3"})
     post = f"doomed-{uuid.uuid4().hex[:8]}"
     try:
-        spike(server.address, post, lambda: bool(etcd_get(stack, keys.HEAT_PREFIX + post)))
+        spike(
+            server.address,
+            post,
+            lambda: bool(etcd_get(stack, keys.HEAT_PREFIX + post)),
+            verify=stack.service_verify,
+        )
         assert etcd_get(stack, keys.HOTKEYS_PREFIX + post)
         proc.send_signal(signal.SIGKILL)  # no clean shutdown: the lease must lapse on its own
         proc.wait(10)
@@ -476,20 +500,22 @@ def test_the_gateway_mirrors_reads_to_the_sampler(stack: Stack, loop: dict[str, 
     The mirror fraction is raised to 100 % through Envoy's runtime admin (the same knob on-call
     has), so the counts are exact rather than 1 % samples."""
     post = f"mirrored-{uuid.uuid4().hex[:8]}"
-    sampler = loop["sampler"]
+    sampler, sampler_ops = loop["sampler"], loop["sampler_ops"]
     admin = f"http://{stack.host}:{stack.layout.ports.gateway_admin}"
     key = envoy_config.MIRROR_RUNTIME_KEY
     assert httpx.post(f"{admin}/runtime_modify", params={key: "100"}).status_code == 200
     try:
-        received = sampler_samples(sampler)
+        received = sampler_samples(sampler_ops)
         with httpx.Client(base_url=stack.gateway_url, timeout=5) as api:
             for _ in range(30):
                 assert api.get(routes.read_path(post)).status_code == 200
             r = api.post(routes.BATCH_READ_PATH, json={"post_ids": [post] * 10})
             assert r.status_code == 200
         # fire and forget: the copies arrive shortly after the answers
-        wait_for(lambda: sampler_samples(sampler) >= received + 40, timeout=10)
-        top = httpx.get(f"{sampler}/v1/top", params={"k": 1000}, timeout=2).json()
+        wait_for(lambda: sampler_samples(sampler_ops) >= received + 40, timeout=10)
+        top = httpx.get(
+            f"{sampler}/v1/top", params={"k": 1000}, timeout=2, verify=loop["verify"]
+        ).json()
         assert post in {t["post_id"] for t in top}
     finally:
         httpx.post(f"{admin}/runtime_modify", params={key: ""})

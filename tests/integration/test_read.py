@@ -554,6 +554,10 @@ def test_everything_down_answers_the_last_good_value_stale(
 ) -> None:
     post, never = uid("p"), uid("never")
     last_fresh = seed_aggregate(rc, post, 9, {"like": 9})
+    # the last good answer is served for 60 s after it was seen fresh; stopping four servers can
+    # take longer than that on a loaded machine, and the bound is not what this test is about
+    # (tests/unit/test_read_core.py tests it): stretch it for this app
+    client.app.state.reader.last_good.max_age_s = 3600  # type: ignore[attr-defined]
     assert client.get(f"/v1/posts/{post}/likes").json()["stale"] is False
     cache_nodes = [f"count-cache-{i + 1}" for i in range(len(stack.count_cache_nodes))]
     try:
