@@ -26,6 +26,7 @@ __all__ = [
     "HOTKEY_OPERATOR",
     "HOTKEY_SAMPLER",
     "OUTBOX_RELAY",
+    "OUTBOX_SHARDS_UNOWNED",
     "READ",
     "RULES_FILENAME",
     "SERVICE_LABEL",
@@ -79,6 +80,7 @@ SEVERITIES = (SEVERITY_PAGE, SEVERITY_TICKET, SEVERITY_NONE)
 # The always-firing dead man's switch; Alertmanager routes it by this name.
 WATCHDOG = "Watchdog"
 CDN_PURGE_FAILING = "CdnPurgeFailing"
+OUTBOX_SHARDS_UNOWNED = "OutboxShardsUnowned"
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,50 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
                     "stale until their TTL. Check the Cloudflare token and API status."
                 ),
                 **_runbook_annotations("cdn-purge-failing", runbook_base),
+            },
+        },
+        # Outbox shards nobody drains: the rows of likes whose direct publish failed wait there,
+        # durable but never published, so never counted (invariant 1 delayed without bound; the
+        # seed: "relay drains within 5 s"). A dead replica's shards are taken over within
+        # seconds (RELAY_TAKEOVER_S) and a rolling update hands them over as fast, so 5 minutes
+        # is a relay fleet that cannot take its leases: a page. Two rules, one alert: shards
+        # the replicas report unowned, and no replica reporting at all (none running, or none
+        # scraped), when every shard is undrained.
+        {
+            "alert": OUTBOX_SHARDS_UNOWNED,
+            "expr": f"max({metric_names.OUTBOX_RELAY_UNOWNED_SHARDS}) > 0",
+            "for": "5m",
+            # `reason` tells the two rules' alerts apart (promtool refuses twin label sets)
+            "labels": {
+                "severity": SEVERITY_PAGE,
+                SERVICE_LABEL: OUTBOX_RELAY,
+                "reason": "shards-without-lease",
+            },
+            "annotations": {
+                "summary": "Outbox shards have had no relay lease for 5 minutes",
+                "description": (
+                    "{{ $value }} outbox shard(s) have no relay replica draining them: likes "
+                    "whose publish failed stay unpublished and uncounted until one takes them."
+                ),
+                **_runbook_annotations("outbox-shards-unowned", runbook_base),
+            },
+        },
+        {
+            "alert": OUTBOX_SHARDS_UNOWNED,
+            "expr": f"absent({metric_names.OUTBOX_RELAY_UNOWNED_SHARDS})",
+            "for": "5m",
+            "labels": {
+                "severity": SEVERITY_PAGE,
+                SERVICE_LABEL: OUTBOX_RELAY,
+                "reason": "no-relay-reporting",
+            },
+            "annotations": {
+                "summary": "No outbox relay replica has reported its leases for 5 minutes",
+                "description": (
+                    "No relay replica is running (or none is scraped): no outbox shard is "
+                    "drained, and likes whose publish failed stay unpublished and uncounted."
+                ),
+                **_runbook_annotations("outbox-shards-unowned", runbook_base),
             },
         },
         {

@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from cassandra import InvalidRequest
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import BatchStatement, BatchType, ConsistencyLevel, Statement
 
 from services.aggregator.core import NO_ROW, CellKey, CellRow, CellState
+from services.contracts.clients import CASSANDRA_REFUSED
 
 Plan = Sequence[tuple[CellKey, CellState, CellState]]  # (cell, state read, state to write)
 
@@ -30,9 +30,10 @@ class StoreError(Exception):
 
 
 class PoisonPosts(StoreError):
-    """The store refused some posts' statements for good (InvalidRequest: e.g. a key longer than
-    the 64 KiB a partition key may be). Retrying cannot help and would stall every partition of
-    the consumer (review D9): the worker dead-letters those posts' events and goes on."""
+    """The store refused some posts' statements for good (clients.CASSANDRA_REFUSED: e.g. a key
+    longer than the 64 KiB a partition key may be). Retrying cannot help and would stall every
+    partition of the consumer (review D9): the worker dead-letters those posts' events and goes
+    on."""
 
     def __init__(self, errors: Mapping[str, str]) -> None:
         super().__init__(f"{len(errors)} post(s) refused: {next(iter(errors.values()))}")
@@ -71,7 +72,7 @@ class CounterStore:
         for pid, (ok, res) in zip(post_ids, results, strict=True):
             if ok:
                 out.append(res)
-            elif isinstance(res, InvalidRequest):
+            elif isinstance(res, CASSANDRA_REFUSED):
                 poison[pid] = f"{type(res).__name__}: {res}"
             else:
                 transient = res

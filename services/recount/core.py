@@ -8,7 +8,7 @@ How a recount decides (invariant 6: a count equals the post's distinct, non-void
    the edges read afterwards include it; the only difference left is events still in flight.
    A post whose first reading shows no drift is `ok`; nothing else is done for it.
 2. Settle: wait until nothing of the first reading can still be in flight: the outbox holds no
-   unpublished event of these posts created before the reading (plus a clock-skew margin), then
+   unpublished event of these posts created before the reading (plus MAX_CLOCK_SKEW_S), then
    the aggregator group's committed offsets reach the log-end offsets of likes.committed/voided/
    unvoided taken after that (every event of every edge read is then folded and in the cache).
 3. Second reading, same order. The drift is persistent, and only then repairable, when the

@@ -13,11 +13,9 @@ from datetime import UTC, datetime, timedelta
 from redis.cluster import RedisCluster
 
 from services.aggregator.store import CounterStore
+from services.contracts import convergence
 from services.recount import actions, core, probes
 
-# The outbox's created_at comes from the writers' clocks: also wait for events stamped up to this
-# much after our reading, so a writer whose clock runs ahead cannot slip an edge past the wait.
-CLOCK_SKEW_S = 5.0
 POLL_S = 0.5
 
 
@@ -67,7 +65,13 @@ class Reconciler:
         look = [p for p, r in first.items() if core.needs_second_look(r)]
         if not look:
             return [core.judge(r, None, False) for r in first.values()], None
-        settle = self.settle(set(look), at + timedelta(seconds=CLOCK_SKEW_S), timeout_s)
+        # The outbox's created_at comes from the writers' clocks: also wait for events stamped
+        # up to the skew the platform tolerates after our reading (the one bound the write
+        # service and relay enforce, review D11), so a writer whose clock runs ahead cannot slip
+        # an edge past the wait. Only unpublished rows count: the wider margin costs nothing
+        # once the outbox has drained.
+        skew = timedelta(seconds=convergence.MAX_CLOCK_SKEW_S)
+        settle = self.settle(set(look), at + skew, timeout_s)
         second = self.readings.read(look)
         verdicts = [core.judge(r, second.get(p), settle.settled) for p, r in first.items()]
         return verdicts, settle

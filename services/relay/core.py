@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import Counter, Gauge
 
 from services.contracts import convergence, events, workloads
-from services.contracts.clients import CASSANDRA_ERRORS
+from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED
 from services.relay.leases import ShardLeases
 from services.write.core import OUTBOX_SHARDS, Publisher
 
@@ -195,7 +195,20 @@ class OutboxRelay:
         oldest: float | None = None
         inflight: list[tuple[Future[None], Any, Any]] = []
         for m in markers:
-            row = self.session.execute(self.q_row, (m.user_id, str(m.event_id))).one()
+            try:
+                row = self.session.execute(self.q_row, (m.user_id, str(m.event_id))).one()
+            except CASSANDRA_REFUSED as e:
+                # the store refuses the marker's user as a key (longer than a partition key may
+                # be): its batch was refused the same way, no row can exist. Left, the marker
+                # would fail every pass here and pin its shard (the writer deletes its own;
+                # this one outlived a writer that died first).
+                self.session.execute(self.q_del_marker, (bucket, shard, m.created_at, m.event_id))
+                res.dropped_markers += 1
+                log.error(
+                    "dropped a marker whose row the edge-store cannot hold",
+                    extra={"fields": {"event_id": str(m.event_id), "error": str(e)}},
+                )
+                continue
             created = m.created_at.replace(tzinfo=UTC).timestamp()
             if row is None and now - created > self.stale_marker_s:
                 # about to drop: a batch whose client saw a CAS timeout may still be an accepted

@@ -24,14 +24,21 @@ from cassandra.cluster import Session
 from cassandra.query import ConsistencyLevel
 from prometheus_client import Gauge
 
-from services.contracts import convergence
+from services.contracts import convergence, metrics
 from services.contracts.clients import CASSANDRA_ERRORS
 
 log = logging.getLogger("relay.leases")
 
 SCOPE = "outbox"
 OWNED = Gauge(
-    "likes_outbox_relay_owned_shards", "Outbox shards this relay replica holds a lease on"
+    metrics.OUTBOX_RELAY_OWNED_SHARDS, "Outbox shards this relay replica holds a lease on"
+)
+# Whatever the reason (replicas that see different members, a take refused, a replica that
+# heartbeats but cannot write its leases), a shard nobody holds is a shard nobody drains: the
+# OutboxShardsUnowned alert reads this. Every replica reports what the lease table showed it.
+UNOWNED = Gauge(
+    metrics.OUTBOX_RELAY_UNOWNED_SHARDS,
+    "Outbox shards with no relay lease, as the lease table showed this replica at its renewal",
 )
 MEMBERS = Gauge("likes_outbox_relay_members", "Live relay replicas this replica sees")
 
@@ -123,6 +130,7 @@ class ShardLeases:
         MEMBERS.set(len(members))
         mine = assign(sorted(members), self.shards)[self.replica]
         owners = {int(r.ref): r.owner for r in self.session.execute(self.q_leases, (SCOPE,))}
+        others = {s for s, owner in owners.items() if owner != self.replica}
         trust_until = sent + self.ttl_s - self.renew_s
         for shard in range(self.shards):
             owner = owners.get(shard)
@@ -140,6 +148,8 @@ class ShardLeases:
                 self._settle(shard, bool(res and res.applied), trust_until)
             else:  # another replica's: never ours until its lease lapses or it gives it back
                 self._valid_until.pop(shard, None)
+        # after our takes and give-backs: held by another replica, or by us now, or by nobody
+        UNOWNED.set(sum(1 for s in range(self.shards) if s not in others and not self.holds(s)))
 
     def _settle(self, shard: int, applied: bool, trust_until: float) -> None:
         if applied:

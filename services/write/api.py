@@ -75,6 +75,13 @@ async def post_like(
         out = await run_in_threadpool(writer.write, intent)
     except core.Unavailable as e:
         raise _retry_503(e.dependency) from e
+    except core.Refused as e:
+        raise ApiError(
+            422,
+            "refused_by_edge_store",
+            "the edge-store refused this request (an identifier longer than it can store?); "
+            "nothing was written, and retrying it will not help",
+        ) from e
     except core.KeyReused as e:
         raise ApiError(
             409,

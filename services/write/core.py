@@ -44,7 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.contracts import bloom, events, keys
-from services.contracts.clients import CASSANDRA_ERRORS, REDIS_ERRORS
+from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED, REDIS_ERRORS
 
 log = logging.getLogger("write")
 
@@ -63,6 +63,14 @@ class Unavailable(Exception):
 
 class KeyReused(Exception):
     """The Idempotency-Key was already used for a different request."""
+
+
+class Refused(Exception):
+    """The edge-store refused the request itself (e.g. a user id longer than a partition key
+    may be): nothing was written and a retry is refused again, so a 4xx, not a 503 (review D12)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"the edge-store refused the request: {detail}")
 
 
 @dataclass(frozen=True)
@@ -310,6 +318,8 @@ class LikeWriter:
     def _stored_reaction(self, it: Intent) -> str | None:
         try:
             row = self.session.execute(self.q.edge_reaction, (it.user_id, it.post_id)).one()
+        except CASSANDRA_REFUSED as e:
+            raise Refused(str(e)) from e
         except CASSANDRA_ERRORS as e:
             raise Unavailable("edge-store", str(e)) from e
         return row.reaction if row is not None else it.reaction
@@ -341,6 +351,11 @@ class LikeWriter:
         try:
             # 2a. the relay's work-list marker, before the batch (see 002_tables.cql)
             self.session.execute(self.q.marker, (bucket, oshard, now, event_id, it.user_id))
+        except CASSANDRA_REFUSED as e:
+            raise Refused(str(e)) from e
+        except CASSANDRA_ERRORS as e:
+            raise Unavailable("edge-store", str(e)) from e
+        try:
             # 2b. intent + edge transition + outbox row: one partition, one Paxos round
             batch = BatchStatement(
                 batch_type=BatchType.UNLOGGED,
@@ -373,9 +388,24 @@ class LikeWriter:
                 ),
             )
             rows = list(self.session.execute(batch))
+        except CASSANDRA_REFUSED as e:
+            # refused before any replica applied it, so its marker points at nothing: take it
+            # back now. The relay drops such a marker too, but can only look its row up under a
+            # key the store refuses as well (services/relay/core.py).
+            self._drop_marker(bucket, oshard, now, event_id)
+            raise Refused(str(e)) from e
         except CASSANDRA_ERRORS as e:
             raise Unavailable("edge-store", str(e)) from e
         return rows, event, payload, bucket, oshard, now
+
+    def _drop_marker(
+        self, bucket: int, oshard: int, created: datetime, event_id: uuid.UUID
+    ) -> None:
+        try:
+            self.session.execute(self.q.delete_marker, (bucket, oshard, created, event_id))
+        except CASSANDRA_ERRORS as e:  # the relay drops it once it is stale
+            log.warning("refused write's marker left to the relay",
+                        extra={"fields": {"error": str(e)}})  # fmt: skip
 
     def _not_applied(self, it: Intent, rows: list[Any], now: datetime) -> Outcome:
         """The batch did not apply: either this intent was applied before (a retry whose idem

@@ -15,12 +15,15 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from infra import alert_rules
 from services.contracts import clients, convergence, events, keys
+from services.contracts import metrics as metric_names
 from services.relay import core as relay_core
 from services.relay.core import OutboxRelay
 from services.write.core import OUTBOX_SHARDS, Publisher, outbox_shard
@@ -313,3 +316,95 @@ def test_a_clock_too_far_from_the_edge_stores_is_not_ready(cql: Session) -> None
     late = EdgeStoreClock(cql, clock=lambda: time.time() - convergence.MAX_CLOCK_SKEW_S)
     assert not late.ok()
     assert late.offset_s is not None and late.offset_s < -convergence.MAX_CLOCK_SKEW_S / 2
+
+
+def test_a_marker_whose_user_the_edge_store_refuses_as_a_key_is_dropped(
+    stack: Stack, cql: Session
+) -> None:
+    # Review D12: a marker naming a user id the edge-store refuses as a partition key (64 KiB;
+    # its batch was refused, its writer died before taking the marker back) made every pass
+    # raise InvalidRequest at its row lookup: the shard's later markers were never published.
+    huge, poison = "u" * 65536, uuid.uuid4()
+    # a publishable row behind it in the same (bucket, shard) partition
+    user = next(u for u in (f"u-{uuid.uuid4()}" for _ in range(10_000))
+                if outbox_shard(u) == outbox_shard(huge))  # fmt: skip
+    with own_relays(stack) as (session, publisher):  # the stack's relay stopped first
+        created = datetime.now(UTC) - timedelta(seconds=45 + convergence.MAX_CLOCK_SKEW_S)
+        at = marker(cql, huge, poison, created)
+        later = created + timedelta(milliseconds=1)
+        intent, event_id, row_at = unpublished_row(stack, cql, later, user=user)
+        assert row_at == at
+        res = OutboxRelay(session, publisher).run_once()
+    assert markers_of(cql, *at, poison) == 0
+    assert markers_of(cql, *row_at, uuid.UUID(event_id)) == 0
+    assert res.dropped_markers >= 1 and res.published >= 1
+    assert [e.event_id for e in events_for(stack, {intent}, want=1)] == [event_id]
+
+
+def _relay_gauge(stack: Stack, name: str) -> float | None:
+    """A gauge on the stack's relay's own /metrics (None: not exported, or the relay is down)."""
+    try:
+        text = httpx.get(f"http://{stack.host}:{stack.layout.ports.relay}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return values[0] if values else None
+
+
+def _unowned_alerts(stack: Stack) -> list[dict[str, Any]]:
+    """OutboxShardsUnowned as the stack's Prometheus evaluates it (pending or firing)."""
+    r = httpx.get(f"{stack.prometheus_url}/api/v1/alerts", timeout=10)
+    r.raise_for_status()
+    return [
+        a
+        for a in r.json()["data"]["alerts"]
+        if a["labels"]["alertname"] == alert_rules.OUTBOX_SHARDS_UNOWNED
+    ]
+
+
+def test_shards_no_relay_holds_are_reported_and_alerted_on_the_running_stack(
+    stack: Stack, cql: Session
+) -> None:
+    # Shards nobody holds are shards nobody drains: their rows are never published. The stack's
+    # relay reports them (the gauge the OutboxShardsUnowned alert reads) and its Prometheus
+    # evaluates the rule: pending (its `for` has not run out), never waited into firing here.
+    unowned = metric_names.OUTBOX_RELAY_UNOWNED_SHARDS
+    wait_for(lambda: _relay_gauge(stack, unowned) == 0, 60, "the relay reporting no unowned shard")
+    # 1. A member that heartbeats but takes no lease (hung between its heartbeat and its takes,
+    # or its LWTs failing): the assignment gives it half the shards, so the stack's relay gives
+    # those back at its next renewal and nobody drains them.
+    ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+    cql.execute(
+        "INSERT INTO outbox_relay_leases (scope, kind, ref, owner) "
+        "VALUES ('outbox', 'member', %s, %s) USING TTL 300",
+        (ghost, ghost),
+    )
+    try:
+        half = OUTBOX_SHARDS // 2
+        wait_for(lambda: _relay_gauge(stack, unowned) == half, 60, f"{half} unowned shards")
+        assert _relay_gauge(stack, metric_names.OUTBOX_RELAY_OWNED_SHARDS) == half
+        (alert,) = wait_for(
+            lambda: _unowned_alerts(stack), 120, "OutboxShardsUnowned pending in Prometheus"
+        )
+        assert alert["state"] == "pending" and float(alert["value"]) == half
+        assert alert["annotations"]["runbook"] == "outbox-shards-unowned"
+    finally:
+        cql.execute(
+            "DELETE FROM outbox_relay_leases WHERE scope = 'outbox' AND kind = 'member' "
+            "AND ref = %s",
+            (ghost,),
+        )
+    # the member gone, the relay takes the shards back
+    wait_for(lambda: _relay_gauge(stack, unowned) == 0, 60, "the shards taken back")
+    wait_for(lambda: not _unowned_alerts(stack), 120, "OutboxShardsUnowned inactive again")
+    # 2. No relay at all: nothing reports, every shard is undrained; the rule's absent() half
+    stack.cli("local", "stop", "outbox-relay")
+    try:
+        (alert,) = wait_for(
+            lambda: _unowned_alerts(stack), 120, "OutboxShardsUnowned pending, no relay"
+        )
+        assert alert["state"] == "pending"
+        assert alert["annotations"]["summary"].startswith("No outbox relay replica")
+    finally:
+        stack.up()
+    wait_for(lambda: _relay_gauge(stack, unowned) == 0, 60, "the restarted relay's leases")

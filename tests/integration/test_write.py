@@ -364,3 +364,52 @@ def test_a_registry_without_the_event_schema_gives_a_clean_503_then_writes_once_
     finally:
         registry_schemas.apply(registry, registry_schemas.subjects())
         registry.close()
+
+
+def test_a_request_the_edge_store_refuses_is_a_client_error_and_leaves_no_marker(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    # Review D12: CASSANDRA_ERRORS held InvalidRequest, so a request the edge-store refuses for
+    # what it is (here a user id of 64 KiB: Cassandra keys a partition with at most 65535 bytes)
+    # was answered "503, retry with the same key", and refused again at every retry; its outbox
+    # marker, written before the batch, named a row no relay could even look up. The API
+    # refuses such a subject at auth (keys.USER_ID_PATTERN): this is the layer behind it, for
+    # whatever else the store may refuse; the wrapper hands the real writer the refused id.
+    from dataclasses import replace
+
+    from services.write import core
+    from services.write.core import outbox_shard
+
+    huge, post = "u" * 65536, f"p-{uuid.uuid4()}"
+    writer: core.LikeWriter = app_client.app.state.writer  # type: ignore[attr-defined]
+
+    class RefusedUser:
+        def write(self, it: core.Intent) -> core.Outcome:
+            return writer.write(replace(it, user_id=huge))
+
+    t0 = time.time()
+    app_client.app.state.writer = RefusedUser()  # type: ignore[attr-defined]
+    try:
+        s, body, headers = post_like(app_client, stack, f"u-{uuid.uuid4()}", post)
+        s_unlike, body_unlike, _ = post_like(app_client, stack, f"u-{uuid.uuid4()}", post,
+                                             action="unlike")  # fmt: skip
+    finally:
+        app_client.app.state.writer = writer  # type: ignore[attr-defined]
+    assert s == 422, body
+    assert body["error"]["code"] == "refused_by_edge_store"  # type: ignore[index]
+    assert "retry-after" not in headers
+    # an unlike reads the stored reaction first: refused the same way, not a 503
+    assert s_unlike == 422, body_unlike
+    buckets = {int(t // 60) for t in (t0, time.time())}
+    left = [
+        r
+        for b in buckets
+        for r in cql.execute(
+            "SELECT user_id FROM outbox_pending WHERE bucket = %s AND shard = %s",
+            (b, outbox_shard(huge)),
+        )
+        if r.user_id == huge
+    ]
+    assert left == [], "the refused write left its marker for the relay"
+    with pytest.raises(core.Refused):  # the writer's own contract, for callers other than the API
+        writer.write(core.Intent(huge, post, "like", "like", str(uuid.uuid4())))
