@@ -34,6 +34,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client import REGISTRY
 
 from local import layout
+from local import tls as local_tls
 from local.components import cassandra, kafka, redis
 from local.components import schema_registry as registry_component
 from services.aggregator.main import build
@@ -53,7 +54,9 @@ def settings_for(lay: layout.Layout, prefix: str, always_replicate: bool) -> Agg
     brokers = ports.kafka_brokers[: lay.kafka_brokers]
     return AggregatorSettings(
         kafka_bootstrap=",".join(f"{layout.HOST}:{p}" for p in brokers),
-        schema_registry_url=f"http://{layout.HOST}:{ports.schema_registry}",
+        schema_registry_url=registry_component.url(lay),
+        # the stack's profile: over TLS (the test stack's) every store wants the stack's CA
+        tls_ca_file=local_tls.client_ca(lay),
         cassandra_port=ports.cassandra_native,
         count_cache_nodes=",".join(f"{layout.HOST}:{p}" for p in ports.count_cache),
         hot_pools=",".join(f"{layout.HOST}:{p}" for p in ports.hot_pools),

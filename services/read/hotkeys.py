@@ -27,11 +27,13 @@ from redis.backoff import NoBackoff
 
 from services.contracts import hotkeys, keys
 from services.read.core import Aggregate, CountCache
-from services.read.stores import parse_aggregate
+from services.read.metrics import Children
+from services.read.stores import AGGREGATE_FIELDS, parse_aggregate
 
 log = logging.getLogger("read.hotkeys")
 
 HOT_POOL_READS = Counter("likes_read_hot_pool_total", "Hot-pool reads", ["result"])
+_HOT_POOL_READS = Children(HOT_POOL_READS)
 LOCALLY_HOT = Counter(
     "likes_read_locally_hot_total",
     "Post reads sent to the hot pools by this pod's own read rate, before any operator flag",
@@ -107,12 +109,13 @@ class HotPoolCountCache:
     async def _replica(self, post_id: str, pools: list[str]) -> Aggregate | None:
         try:
             client = self._client(self.rng.choice(pools))
-            raw = await asyncio.wait_for(client.hgetall(keys.count_key(post_id)), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                raw = await client.hmget(keys.count_key(post_id), AGGREGATE_FIELDS)
         except Exception:
-            HOT_POOL_READS.labels("error").inc()
+            _HOT_POOL_READS["error"].inc()
             return None
         agg = parse_aggregate(raw)
-        HOT_POOL_READS.labels("hit" if agg is not None else "miss").inc()
+        _HOT_POOL_READS["hit" if agg is not None else "miss"].inc()
         return agg
 
     async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:

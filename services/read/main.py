@@ -1,7 +1,7 @@
 """The read service's app: settings, stores and the heat source in the lifespan, the routes, and a
 last-resort middleware that turns any exception or 5xx on /v1 into a degraded 200.
 
-    uvicorn services.read.main:create_app --factory
+    python -m services.common.serve services.read.main --port 8080 --ops-port 9100
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from services.common import http, observability
 from services.contracts import etcd, workloads
 from services.contracts import hotkeys as hotkey_flags
 from services.contracts.settings import HotPoolSettings
-from services.read import api, hotkeys
+from services.read import api, fast, hotkeys
 from services.read.core import Reader
 from services.read.heat import EtcdHeat, HeatSource
 from services.read.metrics import DEGRADED
@@ -81,9 +81,11 @@ def create_app(
     *,
     heat: HeatSource | None = None,
     reader_options: dict[str, Any] | None = None,
+    fast_path: bool = True,
 ) -> FastAPI:
     """`heat` replaces the etcd heat source (tests, benchmarks); `reader_options` are passed to
-    core.Reader (timeouts, breakers, clock)."""
+    core.Reader (timeouts, breakers, clock); `fast_path=False` serves every request through the
+    FastAPI routes (the equivalence tests compare the two)."""
     settings = settings or HotPoolSettings()
     observability.setup_logging(workloads.READ.name, settings.log_level)
     observability.setup_tracing(workloads.READ.name, settings.otlp_endpoint)
@@ -140,6 +142,8 @@ def create_app(
         # health is on /metrics (likes_read_breaker_open, likes_read_dependency_errors_total).
         return {"reader": hasattr(app.state, "reader")}
 
+    if fast_path:  # innermost: inside NeverFail, so its answers are guarded like the routes'
+        app.add_middleware(fast.FastReads, fastapi_app=app)
     app.add_middleware(NeverFail)  # before install(): inside the RED middleware, which sees 200
     app.add_middleware(http.BodyLimit, max_bytes=api.MAX_BODY_BYTES)  # the batch read's body
     http.install(app, workloads.READ.name, ready)

@@ -2,7 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import Counter, Gauge
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
+    """A one-label metric's children, bound on first use and kept: `metric.labels(v)` validates,
+    hashes and takes a lock on every call, and the read path calls it several times a request."""
+
+    def __init__(self, metric: M) -> None:
+        self.metric: M = metric
+        self._children: dict[str, M] = {}
+
+    def __getitem__(self, value: str) -> M:
+        child = self._children.get(value)
+        if child is None:
+            child = self._children[value] = self.metric.labels(value)
+        return child
+
 
 TIER = Counter(
     "likes_read_tier_total",
@@ -34,4 +55,10 @@ DEGRADED = Counter(
     "likes_read_degraded_total",
     "Answers degraded by an unexpected exception (served from last good or null, still 200)",
     ["route"],
+)
+FAST_PATH = Counter(
+    "likes_read_fast_path_total",
+    "Requests to /v1 answered by the plain ASGI front (served) or left to the FastAPI routes "
+    "(passed: bad input, a refused token, another method or path, a duplicated header)",
+    ["outcome"],
 )

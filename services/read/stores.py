@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from cassandra import ConsistencyLevel
@@ -40,25 +40,25 @@ def _int(raw: Any) -> int | None:
         return None
 
 
-def parse_aggregate(h: Mapping[Any, Any]) -> Aggregate | None:
-    """The aggregator's hash; None (a miss) when absent or without a usable `count`."""
-    if not h:
-        return None
-    d = {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-        for k, v in h.items()
-    }
-    count = _int(d.get("count"))
+# The fields of the aggregator's `count:{p}` hash that a read uses, in HMGET order: not HGETALL,
+# which also returns the names and fields a read ignores (`gen`), all of them parsed per post.
+AGGREGATE_FIELDS = ("count", "reactions", "last_fresh")
+
+
+def parse_aggregate(values: Sequence[Any]) -> Aggregate | None:
+    """The answer of `HMGET count:{p} *AGGREGATE_FIELDS`; None (a miss) when the hash is absent
+    (every value None) or has no usable `count`."""
+    count = _int(values[0])
     if count is None:
         return None
     reactions: dict[str, int] = {}
     try:
-        raw = json.loads(d.get("reactions") or "{}")
+        raw = json.loads(values[1] or "{}")
         if isinstance(raw, dict):
             reactions = {str(r): int(c) for r, c in raw.items()}
     except (ValueError, TypeError):
         pass  # the count is still good; only the breakdown is lost
-    return Aggregate(count, reactions, _int(d.get("last_fresh")), _int(d.get("gen")))
+    return Aggregate(count, reactions, _int(values[2]))
 
 
 def sum_subcounters(values: Sequence[Any]) -> int | None:
@@ -83,9 +83,10 @@ class RedisCountCache:
 
     async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:
         if len(post_ids) == 1:
-            return [parse_aggregate(await self.rc.hgetall(keys.count_key(post_ids[0])))]
+            raw = await self.rc.hmget(keys.count_key(post_ids[0]), AGGREGATE_FIELDS)
+            return [parse_aggregate(raw)]
         return await self._pipelined(
-            [("HGETALL", keys.count_key(p)) for p in post_ids], parse_aggregate
+            [("HMGET", keys.count_key(p), *AGGREGATE_FIELDS) for p in post_ids], parse_aggregate
         )
 
     async def subcounters(self, post_ids: Sequence[str]) -> list[int | Exception | None]:

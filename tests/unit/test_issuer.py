@@ -7,6 +7,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jwt
@@ -81,3 +82,28 @@ def test_the_service_side_verifier_accepts_it(tmp_path: Path, served: str) -> No
     assert auth.verify(settings, f"Bearer {token}") == "bob"
     with pytest.raises(auth.AuthError):
         auth.verify(settings, f"Bearer {issuer.sign(tmp_path / 'x', 'bob', 600, ISS, AUD)}")
+
+
+def test_a_signer_loads_the_key_once_for_many_tokens_that_the_jwks_verifies(
+    tmp_path: Path, served: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench_write signed each token with issuer.sign, which loads and checks the key every time
+    # (~0.1-0.6 s, far more than the RS256 signature): a benchmark signing per request measured
+    # that. A Signer loads it once.
+    loads = 0
+    load_key = issuer.load_key
+
+    def counting(home: Path) -> Any:
+        nonlocal loads
+        loads += 1
+        return load_key(home)
+
+    monkeypatch.setattr(issuer, "load_key", counting)
+    sign = issuer.Signer(tmp_path, ISS, AUD)
+    tokens = [sign(f"user-{i}") for i in range(20)]
+    assert loads == 1
+    client = jwt.PyJWKClient(served + issuer.JWKS_PATH)
+    for i, token in enumerate(tokens):
+        key = client.get_signing_key_from_jwt(token)
+        claims = jwt.decode(token, key.key, algorithms=["RS256"], audience=AUD, issuer=ISS)
+        assert claims["sub"] == f"user-{i}"
