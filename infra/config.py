@@ -30,6 +30,7 @@ NAMESPACE = "likes"
 SECRET_FIELDS = frozenset(
     {
         "redisPassword",
+        "ratelimitRedisPassword",
         "pagerdutyRoutingKey",
         "cdnPurgeToken",
         "etcdRootPassword",
@@ -260,6 +261,8 @@ class StackConfig(_Model):
     services: ServicesConfig
     observability: ObservabilityConfig
     redis_password: SecretStr
+    # the gateway's limiter counters (edge namespace): its own, so the edge holds no datastore's
+    ratelimit_redis_password: SecretStr
     etcd_root_password: SecretStr  # etcd's root user: the auth Job only
     etcd_password: SecretStr  # the services' etcd user
     # the same value in every region of an environment: one multi-DC cluster, one set of roles

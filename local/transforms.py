@@ -20,7 +20,7 @@ from local import issuer, rendered
 from local import tls as local_tls
 from local.components import kafka, schema_registry
 from local.layout import HOST, Layout
-from services.contracts import etcd, registry, tls, topics, workloads
+from services.contracts import etcd, logins, registry, tls, topics, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts.settings import UnknownVariable
 from services.schema import cql_roles
@@ -115,6 +115,7 @@ SECRETS_FILE = "secrets.json"
 CLOUDFLARE_SINK = "cloudflare"  # the sink's receiver name for Cloudflare API calls
 # the secrets the program references, and how a first start makes a local value for each
 REDIS_AUTH = "redis-auth/password"
+RATELIMIT_REDIS_AUTH = f"{logins.RATELIMIT_REDIS_SECRET}/{logins.PASSWORD_KEY}"
 ETCD_AUTH = f"{etcd.AUTH_SECRET}/{etcd.PASSWORD_KEY}"
 ETCD_ROOT = f"{etcd.ROOT_SECRET}/{etcd.PASSWORD_KEY}"  # the program's etcd-auth Job only
 CASSANDRA_AUTH = f"{cql_roles.AUTH_SECRET}/{cql_roles.PASSWORD_KEY}"
@@ -125,6 +126,7 @@ KAFKA_ADMIN = f"{kafka_contract.ADMIN_SECRET}/{kafka_contract.PASSWORD_KEY}"  # 
 REGISTRY_AUTH = f"{registry.AUTH_SECRET}/{registry.PASSWORD_KEY}"
 _SECRET_MAKERS = {
     ("redis-auth", "password"): lambda: secrets.token_urlsafe(24),
+    (logins.RATELIMIT_REDIS_SECRET, logins.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
     ("cdn-purge", "token"): lambda: secrets.token_urlsafe(24),
     (etcd.AUTH_SECRET, etcd.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),
     (etcd.ROOT_SECRET, etcd.PASSWORD_KEY): lambda: secrets.token_urlsafe(24),

@@ -25,7 +25,7 @@ import httpx
 
 from infra import envoy_config
 from infra import gateway as program
-from local import issuer, rendered
+from local import issuer, rendered, transforms
 from local import tls as local_tls
 from local.components.base import Component, MissingBinary, ProbeFailed, Server, http_probe
 from local.components.issuer import NAME as IDENTITY_PROVIDER
@@ -170,12 +170,14 @@ TRANSFORMS: tuple[Transform, ...] = (
         "ratelimit-endpoints",
         "ratelimit env",
         "REDIS_URL → the local ratelimit-redis; GRPC_PORT, PORT → local ports; DEBUG_PORT and "
-        "HOST, GRPC_HOST, DEBUG_HOST (127.0.0.1) added",
+        "HOST, GRPC_HOST, DEBUG_HOST (127.0.0.1) added; REDIS_AUTH's Secret → the stack's "
+        "secrets file",
         "the service's defaults bind 0.0.0.0 and a fixed debug port (6070) that would collide",
         tuple(
             (k,)
             for k in (
                 "REDIS_URL",
+                "REDIS_AUTH",
                 "GRPC_PORT",
                 "PORT",
                 "DEBUG_PORT",
@@ -197,7 +199,9 @@ TRANSFORMS: tuple[Transform, ...] = (
         "ratelimit-redis",
         "ratelimit-redis argv",
         "the redis image → Debian's redis-server with the rendered args plus --bind 127.0.0.1, "
-        "--port <ports.ratelimit_redis>, --dir <data>",
+        "--port <ports.ratelimit_redis>, --dir <data>; the mounted auth.conf (the "
+        "ratelimit-redis-auth Secret) → a 0600 file of the stack's conf folder with the stack's "
+        "password",
         "Debian's server is what the rest of the local stack runs",
     ),
 )
@@ -491,8 +495,14 @@ def ratelimit_env(rendered_env: Mapping[str, rendered.EnvValue], layout: Layout)
     """The rendered ratelimit env with the ratelimit-endpoints and -runtime-root transforms."""
     p = layout.ports
     env = {k: v for k, v in rendered_env.items() if isinstance(v, str)}
-    if len(env) != len(rendered_env):
-        raise rendered.RenderError("ratelimit: a secret env value has no local source")
+    for k, v in rendered_env.items():
+        if isinstance(v, rendered.SecretRef):  # ratelimit-redis-auth: the stack's secrets file
+            value = transforms.stack_secrets(layout).get(f"{v.secret}/{v.key}")
+            if value is None:
+                raise rendered.RenderError(
+                    f"ratelimit: env {k} reads Secret {v.secret}/{v.key}, which has no local value"
+                )
+            env[k] = value
     redis_host, _, redis_port = env.get("REDIS_URL", "").rpartition(":")
     if not redis_host.startswith(f"{RATELIMIT_REDIS}.") or redis_port != str(
         program.RATELIMIT_REDIS_PORT
@@ -549,28 +559,49 @@ class _Rendered(Component):
 
 
 class RatelimitRedis(_Rendered):
-    """The ratelimit service's Redis: counters that live a minute, no persistence."""
+    """The ratelimit service's Redis: counters that live a minute, no persistence; it requires
+    the password of the program's ratelimit-redis-auth Secret, as every local Redis requires its."""
 
     name = RATELIMIT_REDIS
 
+    @property
+    def auth_conf(self) -> Path:
+        return self.layout.conf / f"{RATELIMIT_REDIS}-{program.RATELIMIT_REDIS_AUTH_CONF}"
+
+    def password(self) -> str:
+        return transforms.stack_secrets(self.layout)[transforms.RATELIMIT_REDIS_AUTH]
+
     def servers(self) -> list[Server]:
         c = self.render.container(RATELIMIT_REDIS)
+        mounted = f"{program.RATELIMIT_REDIS_AUTH_DIR}/{program.RATELIMIT_REDIS_AUTH_CONF}"
+        if c.command[:1] != [mounted]:
+            raise rendered.RenderError(
+                f"{RATELIMIT_REDIS}: expected the mounted {mounted} as its first argument (the "
+                f"password's config file): {c.command}"
+            )
         port = self.layout.ports.ratelimit_redis
-        argv = [redis_server_bin(), "--bind", HOST, "--port", str(port),
-                "--dir", str(self.layout.data / RATELIMIT_REDIS), *c.command]  # fmt: skip
+        # the config file first (redis-server reads only a first argument as one), then the
+        # local addresses, then the rendered options
+        argv = [redis_server_bin(), str(self.auth_conf), "--bind", HOST, "--port", str(port),
+                "--dir", str(self.layout.data / RATELIMIT_REDIS), *c.command[1:]]  # fmt: skip
         return [
             Server(
                 name=RATELIMIT_REDIS,
                 argv=argv,
                 address=f"{HOST}:{port}",
-                probe=lambda: ping_probe(self.layout, port),  # the rendered `redis-cli ping`
+                # the rendered `redis-cli ping`, with the rendered REDISCLI_AUTH's password
+                probe=lambda: ping_probe(self.layout, port, self.password()),
                 start_timeout=30,
                 stop_timeout=10,
             )
         ]
 
     def prepare(self) -> None:
+        self.layout.ensure()
         (self.layout.data / RATELIMIT_REDIS).mkdir(parents=True, exist_ok=True)
+        self.auth_conf.touch(mode=0o600)  # it holds the password
+        self.auth_conf.chmod(0o600)
+        self.auth_conf.write_text(f"requirepass {self.password()}\n")
 
 
 class Ratelimit(_Rendered):

@@ -44,9 +44,13 @@ def client(layout: Layout, port: int, **kw: Any) -> redis.Redis:
     return redis.Redis(host=HOST, port=port, password=password(layout), **kw)
 
 
-def ping_probe(layout: Layout, port: int) -> None:
+def ping_probe(layout: Layout, port: int, password_: str | None = None) -> None:
+    """PING with the stack's Redis password (or `password_`, a Redis of another Secret)."""
+    pw = password(layout) if password_ is None else password_
     try:
-        with client(layout, port, socket_timeout=1, socket_connect_timeout=1) as r:
+        with redis.Redis(
+            host=HOST, port=port, password=pw, socket_timeout=1, socket_connect_timeout=1
+        ) as r:
             r.ping()
     except redis.RedisError as e:
         raise ProbeFailed(f"redis {HOST}:{port}: {e}") from e

@@ -10,3 +10,10 @@ from dataclasses import dataclass, field
 class Credentials:
     user: str
     password: str = field(repr=False)
+
+
+# The gateway's limiter Redis (edge namespace): its own Secret, key "password". Not a service's
+# store, but the program (infra/gateway.py) and the local stack (its secrets file) name the same
+# Secret, so the name lives here, where both already look for the platform's logins.
+RATELIMIT_REDIS_SECRET = "ratelimit-redis-auth"
+PASSWORD_KEY = "password"

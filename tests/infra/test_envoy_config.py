@@ -18,7 +18,7 @@ from infra import envoy_config
 from infra.envoy_config import EnvoyParams, build_bootstrap, ratelimit_service_config
 from local import layout
 from local import tls as local_tls
-from services.contracts import tls, workloads
+from services.contracts import keys, tls, workloads
 
 PARAMS = EnvoyParams(
     listener_port=8443,
@@ -52,9 +52,12 @@ def _routes(bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
     return vhost["routes"]
 
 
-def _matches(match: dict[str, Any], method: str, path: str) -> bool:
+def _matches(
+    match: dict[str, Any], method: str, path: str, headers: dict[str, str] | None = None
+) -> bool:
     """Envoy's route match, for the matchers this config uses: the path without its query,
-    exact `path`, `prefix`, or a `safeRegex` that must match the whole path; header matchers."""
+    exact `path`, `prefix`, or a `safeRegex` that must match the whole path; the method, and
+    regex matchers (maybe inverted) on the request's `headers`."""
     path = path.split("?", 1)[0]
     if "path" in match and path != match["path"]:
         return False
@@ -63,15 +66,26 @@ def _matches(match: dict[str, Any], method: str, path: str) -> bool:
     if "safeRegex" in match and not re.fullmatch(match["safeRegex"]["regex"], path):
         return False
     for header in match.get("headers", []):
-        assert header["name"] == ":method", "only method matchers are modelled here"
-        if header["stringMatch"]["exact"] != method:
+        if header["name"] == ":method":
+            if header["stringMatch"]["exact"] != method:
+                return False
+            continue
+        # a request header: absent never matches (inverted or not), as in Envoy
+        value = (headers or {}).get(header["name"])
+        if value is None:
+            return False
+        hit = re.fullmatch(header["stringMatch"]["safeRegex"]["regex"], value) is not None
+        if hit == header.get("invertMatch", False):
             return False
     return True
 
 
-def _route_for(bootstrap: dict[str, Any], method: str, path: str) -> dict[str, Any] | None:
+def _route_for(
+    bootstrap: dict[str, Any], method: str, path: str, headers: dict[str, str] | None = None
+) -> dict[str, Any] | None:
     # first match wins, as in Envoy
-    return next((r for r in _routes(bootstrap) if _matches(r["match"], method, path)), None)
+    routes = _routes(bootstrap)
+    return next((r for r in routes if _matches(r["match"], method, path, headers)), None)
 
 
 def _cluster_for(bootstrap: dict[str, Any], method: str, path: str) -> str | None:
@@ -304,6 +318,36 @@ def test_ratelimit_filter_is_wired_to_an_http2_cluster(bootstrap: dict[str, Any]
     assert "http2ProtocolOptions" in options["explicitHttpConfig"]
 
 
+def test_the_limiter_fails_open_as_documented(bootstrap: dict[str, Any]) -> None:
+    """An explicit choice (infra/README.md): a ratelimit outage lets likes through, counted."""
+    ratelimit = _http_filter(bootstrap, "envoy.filters.http.ratelimit")
+    assert envoy_config.FAIL_OPEN is True
+    assert ratelimit.get("failureModeDeny", False) is False
+
+
+def test_a_subject_outside_the_services_rule_is_refused_before_any_limit(
+    bootstrap: dict[str, Any],
+) -> None:
+    """The token's `sub` becomes a per-user descriptor (a key in the limiter's Redis): the route
+    that refuses a bad one comes first, limits nothing, and is chosen after jwt_authn set it."""
+    provider = _http_filter(bootstrap, "envoy.filters.http.jwt_authn")["providers"]
+    assert [p["clearRouteCache"] for p in provider.values()] == [True]
+    routes = _routes(bootstrap)
+    first = routes[0]
+    assert first["name"] == envoy_config.INVALID_SUBJECT_ROUTE
+    assert "route" not in first and first["directResponse"]["status"] == 401
+    body = json.loads(first["directResponse"]["body"]["inlineString"])
+    assert body == envoy_config.INVALID_SUBJECT_BODY
+    (matcher,) = [h for h in first["match"]["headers"] if h["name"] == PARAMS.user_id_header]
+    assert matcher["invertMatch"] is True
+    assert matcher["stringMatch"]["safeRegex"]["regex"] == keys.USER_ID_PATTERN
+    for sub, refused in (("alice", False), ("a}b", True), ("x" * 128, False), ("x" * 129, True)):
+        route = _route_for(bootstrap, "POST", "/v1/likes", {PARAMS.user_id_header: sub})
+        assert route is not None
+        assert (route["name"] == envoy_config.INVALID_SUBJECT_ROUTE) is refused, sub
+        assert ("rateLimits" in route.get("route", {})) is not refused, sub
+
+
 def test_client_ip_comes_from_cloudflare_header(bootstrap: dict[str, Any]) -> None:
     hcm = _hcm(bootstrap)
     (detection,) = hcm["originalIpDetectionExtensions"]
@@ -490,7 +534,9 @@ def test_real_envoy_rejects_a_broken_bootstrap(tmp_path: Path) -> None:
     """The validation above can fail: a route to a cluster that does not exist is refused."""
     broken = build_bootstrap(_throwaway_cert(tmp_path))
     hcm = broken["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0]
-    hcm["typedConfig"]["routeConfig"]["virtualHosts"][0]["routes"][0]["route"]["cluster"] = "nope"
+    routes = hcm["typedConfig"]["routeConfig"]["virtualHosts"][0]["routes"]
+    (write,) = [r for r in routes if r["name"] == "likes_write"]
+    write["route"]["cluster"] = "nope"
     proc = _validate(tmp_path, broken)
     assert proc.returncode != 0
     assert "nope" in proc.stdout + proc.stderr

@@ -16,10 +16,10 @@ import pytest
 
 from infra import envoy_config
 from infra import gateway as program
-from local import layout, rendered
+from local import layout, rendered, transforms
 from local import tls as local_tls
 from local.components import gateway
-from services.contracts import tls
+from services.contracts import logins, tls
 
 STACKS = ("staging", "prod-us")
 LAYOUT = layout.Layout(home=Path("/nonexistent/likes-home"), ports=layout.Ports(7000))
@@ -66,9 +66,11 @@ def test_the_diff_catches_any_other_change(gw: gateway.Gateway, tamper: str) -> 
     """The check above can fail: a change outside the transforms is reported by path."""
     local = _local(gw)
     hcm = local["staticResources"]["listeners"][0]["filterChains"][0]["filters"][0]["typedConfig"]
-    routes = hcm["routeConfig"]["virtualHosts"][0]["routes"]
+    (write,) = [
+        r for r in hcm["routeConfig"]["virtualHosts"][0]["routes"] if r["name"] == "likes_write"
+    ]
     if tamper == "route timeout":
-        routes[0]["route"]["timeout"] = "60s"
+        write["route"]["timeout"] = "60s"
     elif tamper == "cluster dropped":
         local["staticResources"]["clusters"].pop()
     elif tamper == "filter reordered":
@@ -78,7 +80,7 @@ def test_the_diff_catches_any_other_change(gw: gateway.Gateway, tamper: str) -> 
         for provider in jwt_filter["typedConfig"]["providers"].values():
             provider["issuer"] = "likes-local"
     else:
-        routes[0]["route"]["rateLimits"].pop()
+        write["route"]["rateLimits"].pop()
     assert gateway.unexplained("envoy.json", gw.rendered_bootstrap(), local) != []
 
 
@@ -190,11 +192,12 @@ def test_a_rendered_certificate_outside_the_mounted_folder_fails_naming_it(
 # --- ratelimit ----------------------------------------------------------------------------------
 
 
-def test_ratelimit_env_differs_only_by_the_transforms(gw: gateway.Gateway) -> None:
+def test_ratelimit_env_differs_only_by_the_transforms(gw: gateway.Gateway, tmp_path: Path) -> None:
+    lay = layout.Layout(home=tmp_path, ports=layout.Ports(7000))  # its secrets file is made here
     rendered_env = gw.render.container("ratelimit").env
-    local_env = gateway.ratelimit_env(rendered_env, LAYOUT)
+    local_env = gateway.ratelimit_env(rendered_env, lay)
     assert gateway.unexplained("ratelimit env", rendered_env, local_env) == []
-    p = LAYOUT.ports
+    p = lay.ports
     assert local_env["REDIS_URL"] == f"127.0.0.1:{p.ratelimit_redis}"
     assert (local_env["GRPC_PORT"], local_env["PORT"], local_env["DEBUG_PORT"]) == (
         str(p.ratelimit_grpc),
@@ -202,6 +205,26 @@ def test_ratelimit_env_differs_only_by_the_transforms(gw: gateway.Gateway) -> No
         str(p.ratelimit_debug),
     )
     assert {local_env[k] for k in ("HOST", "GRPC_HOST", "DEBUG_HOST")} == {"127.0.0.1"}
+    # the limiter logs in to its Redis with the stack's value of the Secret the program names
+    assert rendered_env["REDIS_AUTH"] == rendered.SecretRef(
+        program.RATELIMIT_REDIS_AUTH_SECRET, logins.PASSWORD_KEY
+    )
+    assert local_env["REDIS_AUTH"] == transforms.stack_secrets(lay)[transforms.RATELIMIT_REDIS_AUTH]
+
+
+def test_ratelimit_redis_reads_its_password_from_a_file_never_argv(
+    gw: gateway.Gateway, tmp_path: Path
+) -> None:
+    c = gw.render.container(gateway.RATELIMIT_REDIS)
+    lay = layout.Layout(home=tmp_path, ports=layout.Ports(7000))
+    component = gateway.RatelimitRedis(lay)
+    component.prepare()
+    (server,) = component.servers()
+    secret = transforms.stack_secrets(lay)[transforms.RATELIMIT_REDIS_AUTH]
+    assert all(secret not in arg for arg in (*c.command, *server.argv))
+    assert server.argv[1] == str(component.auth_conf)  # redis-server's config file: first
+    assert component.auth_conf.read_text() == f"requirepass {secret}\n"
+    assert component.auth_conf.stat().st_mode & 0o077 == 0
 
 
 def test_ratelimit_reads_the_configmap_it_is_mounted_with(gw: gateway.Gateway) -> None:

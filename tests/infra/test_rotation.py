@@ -36,6 +36,8 @@ AFFECTED: dict[str, set[str]] = {
     # no setup step applies these: Redis takes requirepass from its config file at start, the
     # purge token and the PagerDuty key are read where they are used
     "redisPassword": set(),
+    # the limiter and its Redis read it at start: both roll (the counters live a minute)
+    "ratelimitRedisPassword": {"Deployment/ratelimit", "Deployment/ratelimit-redis"},
     "cdnPurgeToken": set(),
     "pagerdutyRoutingKey": set(),
 }

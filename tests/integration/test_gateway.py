@@ -82,6 +82,13 @@ class Edge:
     def token(self, user: str, home: Path | None = None) -> str:
         return issuer.sign(home or self.layout.home, user, 600, self.jwt_issuer, AUDIENCE)
 
+    def limiter_redis(self) -> redis.Redis:
+        """The limiter's Redis, with its own Secret's password (it refuses anyone else)."""
+        password = gateway.RatelimitRedis(self.layout).password()
+        return redis.Redis(
+            host=layout.HOST, port=self.layout.ports.ratelimit_redis, password=password
+        )
+
     def like(self, client: httpx.Client, token: str | None, ip: str) -> httpx.Response:
         headers = {"cf-connecting-ip": ip, "idempotency-key": str(uuid.uuid4())}
         if token:
@@ -189,6 +196,29 @@ def test_a_token_signed_with_another_key_is_refused(
     assert len(edge.write.seen) == before
 
 
+@pytest.mark.parametrize(
+    "subject", ["a}b{c", "x" * 129, "two words"], ids=["braces", "129", "space"]
+)
+def test_a_subject_the_services_would_refuse_never_reaches_the_limiter(
+    edge: Edge, client: httpx.Client, subject: str
+) -> None:
+    """A verified token whose `sub` breaks the services' rule (keys.USER_ID_PATTERN) is refused
+    at the edge with their error, before the per-user descriptor makes a key of it."""
+    before = len(edge.write.seen)
+    r = edge.like(client, edge.token(subject), _ip())
+    assert r.status_code == 401, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == envoy_config.INVALID_SUBJECT_BODY
+    assert len(edge.write.seen) == before
+    with edge.limiter_redis() as rc:
+        assert [k for k in rc.scan_iter(count=1000) if subject.encode() in k] == []
+    # a subject at the bound still passes, and is counted under itself
+    fine = "y" * 127 + uuid.uuid4().hex[:1]
+    assert edge.like(client, edge.token(fine), _ip()).status_code == 202
+    with edge.limiter_redis() as rc:
+        assert [k for k in rc.scan_iter(count=1000) if fine.encode() in k]
+
+
 # --- rate limits --------------------------------------------------------------------------------
 
 
@@ -245,7 +275,7 @@ def test_the_per_ip_limit_keys_on_cf_connecting_ip(edge: Edge, client: httpx.Cli
         assert sent <= _failed_open(edge) - failed_open, (over.status_code, over.headers)
     assert edge.like(client, fresh_user, other_ip).status_code == 202
     # the service counted under the header's address, not the TCP peer's (127.0.0.1)
-    with redis.Redis(host=layout.HOST, port=edge.layout.ports.ratelimit_redis) as r:
+    with edge.limiter_redis() as r:
         keys = [k.decode() for k in r.scan_iter("likes_route_likes_write_remote_address_*")]
     assert any(f"_{ip}_" in k for k in keys), keys
     assert not any("_127.0.0.1_" in k for k in keys), keys

@@ -235,19 +235,21 @@ def test_every_local_redis_requires_the_stacks_password(stack: Stack) -> None:
     local ones, so every client of ours runs its AUTH code in every test (no secret in argv)."""
     ports = [*stack.layout.ports.count_cache, *stack.layout.ports.idem_store]
     ports += stack.layout.ports.hot_pools
+    secrets = transforms.stack_secrets(stack.layout)
+    # the gateway's limiter Redis has its own Secret (ratelimit-redis-auth)
+    passwords = {p: stack.redis_password for p in ports}
+    passwords[stack.layout.ports.ratelimit_redis] = secrets[transforms.RATELIMIT_REDIS_AUTH]
     status = stack.status()
-    for port in ports:
+    for port, pw in passwords.items():
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host=stack.host, port=port, socket_timeout=2).ping()
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host=stack.host, port=port, password="guess", socket_timeout=2).ping()
-        assert redis.Redis(
-            host=stack.host, port=port, password=stack.redis_password, socket_timeout=2
-        ).ping()
+        assert redis.Redis(host=stack.host, port=port, password=pw, socket_timeout=2).ping()
     for name, s in status.items():
-        if name.startswith(("count-cache", "idem-store", "hot-pool")):
+        if name.startswith(("count-cache", "idem-store", "hot-pool", "ratelimit-redis")):
             cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
-            assert stack.redis_password not in cmdline, name
+            assert all(pw not in cmdline for pw in passwords.values()), name
 
 
 def test_etcd_requires_the_services_login_and_confines_it_to_the_platform_prefix(
