@@ -23,15 +23,16 @@ import pulumi_kubernetes as k8s
 from infra import k8s as kx
 from infra import tls as tls_infra
 from infra.config import Peer
+from services.contracts import events, tls
 from services.contracts import kafka as kafka_contract
-from services.contracts import tls
 
 API = "kafka.strimzi.io/v1"
 CLUSTER_LABEL = "strimzi.io/cluster"
 INTERNAL_LB = {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}
 DAY_MS = 24 * 3600 * 1000
-EVENT_TOPICS = ("likes.committed", "likes.voided", "likes.unvoided")
-DEAD_LETTER = "likes.dead-letter"
+# the topics are the services' (defined once, services/contracts/events.py)
+EVENT_TOPICS = events.EVENT_TOPICS
+DEAD_LETTER = events.DEAD_LETTER
 RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
 CLIENT_LISTENER = "clients"
 CLIENT_PORT = 9092
@@ -80,7 +81,7 @@ def topic_specs(args: KafkaArgs) -> list[TopicSpec]:
         "min.insync.replicas": args.min_insync_replicas,
         "unclean.leader.election.enable": False,
     }
-    events = [
+    event_topics = [
         TopicSpec(
             name,
             args.partitions,
@@ -95,7 +96,7 @@ def topic_specs(args: KafkaArgs) -> list[TopicSpec]:
         args.replication_factor,
         {**durable, "retention.ms": args.dead_letter_retention_days * DAY_MS},
     )
-    return [*events, dead_letter]
+    return [*event_topics, dead_letter]
 
 
 def mirror_user(peer_region: str) -> str:

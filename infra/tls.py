@@ -24,7 +24,8 @@ CA_DURATION = "87600h"  # 10 years: rotating the CA is a planned event, not a re
 CERT_DURATION = "2160h"  # 90 days, renewed 30 days before expiry
 CERT_RENEW_BEFORE = "720h"
 SERVER_AUTH = ("server auth",)
-SERVER_AND_CLIENT = ("server auth", "client auth")  # etcd peers, workloads (mTLS to come)
+# etcd peers; workloads: an HTTP service serves the gateway's mTLS, the gateway is its client
+SERVER_AND_CLIENT = ("server auth", "client auth")
 
 
 class InternalCa(pulumi.ComponentResource):
