@@ -9,6 +9,7 @@ credentials, or with wrong ones, is refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,32 @@ def client(
     if ca_file:
         return TlsClient(**kwargs, ca_file=ca_file)
     return aetcd.Client(**kwargs)
+
+
+STOP_WAIT_S = 5.0  # a shutdown waits this long at most for a poll to end, and for a close
+
+
+async def stop_poller(
+    task: asyncio.Task[None] | None,
+    client: aetcd.Client | None,
+    wait_s: float = STOP_WAIT_S,
+) -> None:
+    """Stop a task that polls etcd and close its client, waiting at most `wait_s` for each.
+
+    A shutdown must not hang on etcd: a write service's shutdown once waited forever here (its
+    poll cancelled, then the grpc call or the channel's close never returning, after a test had
+    restarted the stores around it). What does not end in time is left to the process's exit."""
+    if task is not None:
+        task.cancel()
+        await asyncio.wait({task}, timeout=wait_s)
+    if client is None:
+        return
+    closing = asyncio.ensure_future(client.close())
+    done, _ = await asyncio.wait({closing}, timeout=wait_s)
+    if not done:
+        logging.getLogger("etcd").warning("etcd client did not close in %.1f s; left", wait_s)
+    elif not closing.cancelled():
+        closing.exception()  # retrieved, not raised: a broken channel is gone either way
 
 
 def from_settings(settings: Settings, timeout: float) -> aetcd.Client:

@@ -193,11 +193,9 @@ class PrefixView(Generic[T]):
         self._task = asyncio.create_task(self._run(), name=f"view:{self.prefix}")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._drop()
+        task, self._task = self._task, None
+        client, self._client = self._client, None
+        await etcd.stop_poller(task, client)
 
     async def _run(self) -> None:
         failing = False

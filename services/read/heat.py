@@ -105,11 +105,9 @@ class EtcdHeat:
         self._task = asyncio.create_task(self._run(), name="heat-poll")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._drop_client()
+        task, self._task = self._task, None
+        client, self._client = self._client, None
+        await etcd.stop_poller(task, client)
 
     async def refresh(self) -> None:
         """One poll; raises if etcd is unreachable (the previous hints stay, until they expire)."""

@@ -12,7 +12,7 @@ import pytest
 from cassandra.cluster import Session
 from fastapi.testclient import TestClient
 
-from services.contracts import clients, workloads
+from services.contracts import clients, convergence, workloads
 from services.relay.core import OutboxRelay
 from services.write.core import Publisher
 from tests.conftest import Stack
@@ -139,3 +139,36 @@ def test_kafka_down_still_202_and_relay_drains_after_restart(
             break
         time.sleep(0.5)
     assert count == len(users)
+
+
+def test_a_publish_the_producer_refuses_after_the_commit_is_still_a_202(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    """librdkafka refuses a message synchronously (BufferError: its queue is full; a
+    KafkaException for one it cannot send) after the edge-store commit: the like is durable,
+    so the answer is 202, never a 500 (review D12), and the relay publishes it."""
+    writer = app_client.app.state.writer  # type: ignore[attr-defined]
+    # a real producer whose local queue holds one message that waits a minute to be sent:
+    # the second produce() raises BufferError
+    full = Publisher(
+        clients.producer(
+            stack.settings(), **{"queue.buffering.max.messages": 1, "linger.ms": 60000}
+        )
+    )
+    users = [f"u-{uuid.uuid4()}" for _ in range(3)]
+    post = f"p-{uuid.uuid4()}"
+    original, writer.publisher = writer.publisher, full
+    try:
+        answers = [post_like(app_client, stack, u, post) for u in users]
+    finally:
+        writer.publisher = original
+        full.close(timeout=0)
+    assert [(s, body["changed"]) for s, body, _ in answers] == [(202, True)] * len(users)
+    assert all(edge_state(cql, u, post) == "liked" for u in users)
+    # the stack's relay publishes what the producer refused: counted once each, and it stays
+    # so (the queued copy may still go out when the producer closes; consumers dedup it)
+    read = f"{stack.gateway_url}/v1/posts/{post}/likes"
+    result = convergence.wait_converged(
+        lambda: {post: httpx.get(read, timeout=5).json()["count"]}, {post: len(users)}
+    )
+    assert result.converged, str(result)
