@@ -23,7 +23,7 @@ from cassandra.cluster import Session
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import RedisCluster
 
 from services.contracts import bloom, clients, keys
 from services.read.heat import StaticHeat
@@ -50,11 +50,7 @@ def served() -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def rc(stack: Stack) -> Iterator[RedisCluster]:
-    c = RedisCluster(
-        startup_nodes=[ClusterNode(h, p) for h, p in stack.count_cache_nodes],
-        password=stack.redis_password,
-        decode_responses=True,
-    )
+    c = clients.count_cache(stack.settings(), timeout=5)  # the services' own client
     yield c
     c.close()
 
