@@ -21,7 +21,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from local import transforms
 from local.components import cassandra
@@ -240,12 +242,15 @@ def test_every_local_redis_requires_the_stacks_password(stack: Stack) -> None:
     passwords = {p: stack.redis_password for p in ports}
     passwords[stack.layout.ports.ratelimit_redis] = secrets[transforms.RATELIMIT_REDIS_AUTH]
     status = stack.status()
+    # no retries: redis-py retries a refused login (an AuthenticationError is a ConnectionError)
+    # with backoff, ~4 s a refusal, 2 minutes for this test
+    once = {"socket_timeout": 2, "retry": Retry(NoBackoff(), 0)}
     for port, pw in passwords.items():
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(host=stack.host, port=port, socket_timeout=2).ping()
+            redis.Redis(host=stack.host, port=port, **once).ping()
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(host=stack.host, port=port, password="guess", socket_timeout=2).ping()
-        assert redis.Redis(host=stack.host, port=port, password=pw, socket_timeout=2).ping()
+            redis.Redis(host=stack.host, port=port, password="guess", **once).ping()
+        assert redis.Redis(host=stack.host, port=port, password=pw, **once).ping()
     for name, s in status.items():
         if name.startswith(("count-cache", "idem-store", "hot-pool", "ratelimit-redis")):
             cmdline = Path(f"/proc/{s['pid']}/cmdline").read_bytes().decode(errors="replace")
