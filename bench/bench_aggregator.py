@@ -1,7 +1,7 @@
 """Aggregator throughput against the raw consume rate of the same topic, and its collapse factor.
 
     LIKES_HOME=... LIKES_PORT_OFFSET=... .venv/bin/python bench/bench_aggregator.py \
-        [--events 200000] [--posts 10000] [--zipf 1.1]
+        [--events 200000] [--posts 10000] [--zipf 1.1] [--no-hot-pools] [--small-cache-mb 32]
 
 Needs a running local stack (`likes local up`). Writes a Zipf-distributed stream of like events
 (a few hot posts, a long tail) to private copies of the topics (`bench-<id>.likes.*`), then, in
@@ -12,20 +12,29 @@ the same run, times
 and prints events/s of both, their ratio, what always-replicate cost (time copying aggregates
 into the 4 hot pools, their memory per post; `--no-hot-pools` runs without it), events per
 counter-store write (overall and for the viral post), whether every post's cells sum exactly to
-its events, and one JSON line with all of it. No assertions.
+its events, and one JSON line with all of it. Every event is a distinct liker: with
+`--small-cache-mb 32 --events 1000000` the aggregator writes a million likers' filters into a
+32 MB count-cache of its own (issue 10, hole 2), which then reports OOM errors, evictions, its
+peak memory, and whether the read path answers every count and sampled has_liked right from it.
+No assertions.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import bisect
 import itertools
 import json
 import random
+import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import redis as redis_py
 from confluent_kafka import Consumer, TopicPartition
@@ -41,6 +50,8 @@ from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import clients, events, hotkeys, keys, topics
 from services.contracts import kafka as kafka_contract
+from services.read.core import Reader
+from services.read.stores import CassandraStore, RedisCountCache
 from services.schema import registry_schemas
 
 
@@ -75,8 +86,11 @@ def settings_for(lay: layout.Layout, prefix: str, always_replicate: bool) -> Agg
     )  # fmt: skip
 
 
-def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -> Counter[str]:
-    """Writes the stream; returns the number of events per post (the truth)."""
+def produce(
+    s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int, sample_every: int = 5000
+) -> tuple[Counter[str], list[tuple[str, str]]]:
+    """Writes the stream (every event a distinct liker); returns the number of events per post
+    (the truth) and every `sample_every`-th (user, post)."""
     rnd = random.Random(seed)
     cdf = zipf_cdf(posts, zipf)
     total = cdf[-1]
@@ -86,6 +100,7 @@ def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -
     prod = clients.producer(s, **{"linger.ms": 20, "batch.num.messages": 10000})
     topic = s.topic(events.COMMITTED)
     truth: Counter[str] = Counter()
+    sampled: list[tuple[str, str]] = []
     for i in range(n):
         post = post_ids[bisect.bisect_left(cdf, rnd.random() * total)]
         e = events.LikeEvent.new(
@@ -93,6 +108,8 @@ def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -
             reaction=rnd.choice(("like", "like", "like", "love", "wow")), delta=1, region="local",
         )  # fmt: skip
         truth[post] += 1
+        if i % sample_every == 0:
+            sampled.append((e.user_id, post))
         while True:
             try:
                 prod.produce(topic, key=keys.kafka_key(post, 0).encode(), value=ser(e, ctx))
@@ -101,7 +118,7 @@ def produce(s: AggregatorSettings, n: int, posts: int, zipf: float, seed: int) -
                 prod.poll(0.05)
         prod.poll(0)
     prod.flush(60)
-    return truth
+    return truth, sampled
 
 
 def raw_consume(s: AggregatorSettings, n: int) -> float:
@@ -160,6 +177,47 @@ def hot_pool_cost(s: AggregatorSettings, truth: Counter[str]) -> dict[str, float
     return {"copy_seconds": seconds, "copies_written": written, "bytes_per_post": bytes_per_post}
 
 
+def read_back(
+    s: AggregatorSettings, truth: Counter[str], liked: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """What the read path answers from the cache the aggregator wrote: every post's count (the
+    aggregate or the counter-store behind it) and has_liked for sampled likers (their edges
+    seeded as the write path leaves them) and for a post they never liked."""
+    cluster, session = clients.cassandra(s, request_timeout=10.0)
+    try:
+        q = session.prepare(
+            "INSERT INTO edges (user_id, kind, ref, state, reaction, void, updated_at) "
+            "VALUES (?, 'edge', ?, 'liked', 'like', false, ?)"
+        )
+        for u, p in liked:
+            session.execute(q, (u, p, datetime.now(UTC)))
+    finally:
+        cluster.shutdown()
+
+    async def go() -> dict[str, Any]:
+        cache_, store = RedisCountCache(s, timeout_s=2.0), CassandraStore(s, timeout_s=10.0)
+        try:
+            await asyncio.to_thread(store._connect)
+            reader = Reader(cache_, store, cache_timeout_s=2.0, store_timeout_s=10.0)
+            posts = list(truth)
+            counts: dict[str, int | None] = {}
+            for i in range(0, len(posts), 50):
+                for v in await reader.counts(posts[i : i + 50]):
+                    counts[v.post_id] = v.count
+            yes = [(await reader.has_liked(u, [p]))[0] for u, p in liked]
+            no = [(await reader.has_liked(u, [f"never-{p}"]))[0] for u, p in liked]
+        finally:
+            await store.close()
+            await cache_.close()
+        return {
+            "counts_exact": counts == dict(truth),
+            "has_liked_right": yes == [True] * len(liked) and no == [False] * len(liked),
+            "has_liked_sampled": len(liked),
+        }
+
+    return asyncio.run(go())
+
+
 def run_aggregator(s: AggregatorSettings, n: int) -> tuple[float, dict[str, float]]:
     topic = s.topic(events.COMMITTED)
     agg, cluster = build(s)
@@ -207,6 +265,14 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument(
+        "--small-cache-mb",
+        type=int,
+        metavar="MB",
+        help="the aggregator writes to a one-node count-cache of this maxmemory (issue 10, hole "
+        "2: e.g. 32 with --events 1000000, a million distinct likers), which then reports OOM "
+        "errors, evictions and what the read path answers from it",
+    )
+    ap.add_argument(
         "--no-hot-pools",
         action="store_true",
         help="turn always-replicate off (compare a run without the hot-pool copies)",
@@ -216,6 +282,11 @@ def main() -> None:
     lay = layout.from_env()
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
     s = settings_for(lay, prefix, not args.no_hot_pools)
+    small = None
+    if args.small_cache_mb:
+        home = Path(tempfile.mkdtemp(prefix="bench-small-cache-"))
+        small = redis.ScratchCluster(home, s.redis_auth or "", args.small_cache_mb)
+        s = s.model_copy(update={"count_cache_nodes": small.address, "cdn_purger": "none"})
     specs = [
         topics.TopicSpec(prefix + t, args.partitions, {})
         for t in (*events.EVENT_TOPICS, events.DEAD_LETTER)
@@ -228,15 +299,27 @@ def main() -> None:
     registry.close()
     try:
         t0 = time.perf_counter()
-        truth = produce(s, args.events, args.posts, args.zipf, args.seed)
+        truth, liked = produce(s, args.events, args.posts, args.zipf, args.seed)
         print(f"produced {args.events} events over {len(truth)} posts (zipf s={args.zipf}, "
               f"{args.partitions} partitions) in {time.perf_counter() - t0:.1f}s")  # fmt: skip
         raw_s = raw_consume(s, args.events)
         agg_s, d = run_aggregator(s, args.events)
         exact = cells_match(s, truth)
         hot = hot_pool_cost(s, truth) if s.agg_always_replicate else None
+        memory = None
+        if small is not None:
+            info = small.r.info("memory")
+            memory = {
+                "maxmemory_mb": args.small_cache_mb,
+                "oom_errors": small.oom_errors(),
+                "evicted_keys": small.evicted_keys(),
+                "used_memory_peak_mb": round(int(info["used_memory_peak"]) / 2**20, 1),
+                **read_back(s, truth, liked),
+            }
     finally:
         AdminClient(clients.kafka_config(s)).delete_topics([x.name for x in specs])
+        if small is not None:
+            small.close()
     raw_rate = args.events / raw_s
     agg_rate = args.events / agg_s
     writes = d["likes_aggregator_store_writes_total"]
@@ -261,7 +344,10 @@ def main() -> None:
               f"({hot['copy_seconds'] / agg_s:.1%} of the run), "
               f"{hot['copies_written']:.0f} copies written, "
               f"{hot['bytes_per_post']:.0f} B/post in {pools} pools for {ttl} s")  # fmt: skip
+    if memory is not None:
+        print(f"small count-cache       : {memory}")
     print(json.dumps({
+        "small_cache": memory,
         "always_replicate": hot is not None,
         "hot_pool_copy_share": round(hot["copy_seconds"] / agg_s, 4) if hot else None,
         "hot_pool_bytes_per_post": round(hot["bytes_per_post"]) if hot else None,

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -185,3 +188,80 @@ class IdemStore(_Cluster):
             "appendfsync everysec",
             f"maxmemory-policy {keys.EVICTION_POLICY['idem-store']}",
         ]
+
+
+class ScratchCluster:
+    """A one-node Redis Cluster owning every slot, with `maxmemory_mb` and the count-cache's
+    eviction policy: a small count-cache for the memory tests and benchmarks (issue 10, hole
+    2), apart from the stack's (which it would fill). Requires `password`; stop with close()."""
+
+    def __init__(self, home: Path, password: str, maxmemory_mb: int) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.home, self.password = home, password
+        # a port picked free can be taken before the server binds it (another process's
+        # ephemeral port): start again on a new one rather than fail
+        for attempt in range(5):
+            with socket.socket() as s:
+                s.bind((HOST, 0))
+                self.port = int(s.getsockname()[1])
+            conf = home / f"redis-{attempt}.conf"
+            conf.touch(mode=0o600)  # it holds the password
+            conf.write_text(
+                "\n".join(
+                    [
+                        f"bind {HOST}", f"port {self.port}", f"dir {home}", 'save ""',
+                        "appendonly no", "cluster-enabled yes",
+                        f"cluster-config-file nodes-{attempt}.conf",
+                        f"maxmemory {maxmemory_mb}mb",
+                        f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
+                        f"requirepass {password}", "",
+                    ]
+                )
+            )  # fmt: skip
+            self._log = (home / f"redis-{attempt}.log").open("wb")
+            self.proc = subprocess.Popen(
+                [redis_server_bin(), str(conf)], stdout=self._log, stderr=subprocess.STDOUT
+            )
+            self.r = redis.Redis(
+                host=HOST, port=self.port, password=password, decode_responses=True
+            )
+            if self._started():
+                break
+            self.proc.kill()
+            self._log.close()
+        else:
+            raise RuntimeError(f"the scratch count-cache did not start: see {home}")
+        self.r.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+        wait_until(self._cluster_ok, 20, interval=0.2)
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def _started(self) -> bool:
+        """Answering within 30 s; False if it exited (its port taken) or never answered."""
+        deadline = time.monotonic() + 30
+        while self.proc.poll() is None:
+            try:
+                return bool(self.r.ping())
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.2)
+        return False
+
+    def _cluster_ok(self) -> None:
+        if "cluster_state:ok" not in self.r.execute_command("CLUSTER", "INFO"):
+            raise ProbeFailed(f"redis {self.address}: cluster state not ok yet")
+
+    def oom_errors(self) -> int:
+        stats = self.r.info("errorstats")
+        return int(stats.get("errorstat_OOM", {}).get("count", 0))
+
+    def evicted_keys(self) -> int:
+        return int(self.r.info("stats")["evicted_keys"])
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._log.close()

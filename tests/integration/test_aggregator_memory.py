@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +23,7 @@ from cassandra.cluster import Session
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import REGISTRY
 
-from local.components.redis import redis_server_bin
+from local.components.redis import ScratchCluster
 from services.aggregator import cache
 from services.aggregator.settings import AggregatorSettings
 from services.contracts import bloom, clients, keys
@@ -35,7 +33,6 @@ from tests.conftest import Stack
 from tests.integration.test_aggregator import (  # fixtures and helpers, no tests
     base_settings,
     env,
-    free_port,
     like,
     msg,
     produce,
@@ -55,75 +52,16 @@ LIKERS = 100_000
 POSTS = 500
 
 
-class SmallCache:
-    """One redis-server owning every slot, with maxmemory and the program's eviction policy."""
-
-    def __init__(self, home: Path, password: str) -> None:
-        self.password = password
-        # a port picked free can be taken before the server binds it (another process's
-        # ephemeral port): start again on a new one rather than fail the module
-        for attempt in range(5):
-            self.port = free_port()
-            conf = home / f"redis-{attempt}.conf"
-            conf.write_text(
-                "\n".join(
-                    [
-                        "bind 127.0.0.1", f"port {self.port}", f"dir {home}", "save \"\"",
-                        "appendonly no", "cluster-enabled yes",
-                        f"cluster-config-file nodes-{attempt}.conf",
-                        f"maxmemory {MAXMEMORY_MB}mb",
-                        f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
-                        f"requirepass {password}", "",
-                    ]
-                )
-            )  # fmt: skip
-            conf.chmod(0o600)
-            log = (home / f"redis-{attempt}.log").open("wb")
-            self.proc = subprocess.Popen(
-                [redis_server_bin(), str(conf)], stdout=log, stderr=subprocess.STDOUT
-            )
-            self.r = redis.Redis(
-                host="127.0.0.1", port=self.port, password=password, decode_responses=True
-            )
-            deadline = time.monotonic() + 30
-            while self.proc.poll() is None and not self._pingable():
-                assert time.monotonic() < deadline, (home / f"redis-{attempt}.log").read_text()
-                time.sleep(0.2)
-            if self.proc.poll() is None:
-                break
-        else:
-            raise AssertionError(f"the small count-cache did not start: see {home}")
-        self.r.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
-        wait_for(
-            lambda: "cluster_state:ok" in self.r.execute_command("CLUSTER", "INFO"),
-            timeout=20,
-            what="cluster_state ok",
-        )
-
-    def _pingable(self) -> bool:
-        try:
-            return bool(self.r.ping())
-        except redis.ConnectionError:
-            return False
-
-    def oom_errors(self) -> int:
-        stats = self.r.info("errorstats")
-        return int(stats.get("errorstat_OOM", {}).get("count", 0))
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
 @pytest.fixture(scope="module")
-def small(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmallCache]:
-    c = SmallCache(tmp_path_factory.mktemp("small-count-cache"), stack.redis_password)
+def small(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScratchCluster]:
+    home = tmp_path_factory.mktemp("small-count-cache")
+    c = ScratchCluster(home, stack.redis_password, MAXMEMORY_MB)
     yield c
     c.close()
 
 
 @pytest.fixture
-def on_small(settings: AggregatorSettings, small: SmallCache) -> AggregatorSettings:
+def on_small(settings: AggregatorSettings, small: ScratchCluster) -> AggregatorSettings:
     return settings.model_copy(
         update={"count_cache_nodes": f"127.0.0.1:{small.port}", "cdn_purger": "none"}
     )
@@ -167,7 +105,7 @@ def seed_edge(session: Session, user: str, post: str) -> None:
     )
 
 
-def fill_with_filters(small: SmallCache, users: list[str], capacity: int) -> None:
+def fill_with_filters(small: ScratchCluster, users: list[str], capacity: int) -> None:
     value = bloom.build([], capacity=capacity)
     pipe = small.r.pipeline(transaction=False)
     for u in users:
@@ -193,7 +131,7 @@ async def read_back(
 
 
 def test_100k_distinct_likers_through_a_full_32mb_cache_lose_no_count(
-    on_small: AggregatorSettings, small: SmallCache, producer: Producer, serialize: Any,
+    on_small: AggregatorSettings, small: ScratchCluster, producer: Producer, serialize: Any,
     session: Session,
 ) -> None:  # fmt: skip
     rng = random.Random(7)
@@ -242,7 +180,7 @@ def test_100k_distinct_likers_through_a_full_32mb_cache_lose_no_count(
     assert yes == [True] * len(sample) and no == [False] * len(sample)
 
 
-def redis_cluster(small: SmallCache) -> Any:
+def redis_cluster(small: ScratchCluster) -> Any:
     from redis.cluster import ClusterNode, RedisCluster
 
     return RedisCluster(
@@ -253,7 +191,7 @@ def redis_cluster(small: SmallCache) -> Any:
 
 
 def test_a_cache_that_refuses_writes_does_not_stall_the_aggregator(
-    on_small: AggregatorSettings, small: SmallCache, producer: Producer, serialize: Any,
+    on_small: AggregatorSettings, small: ScratchCluster, producer: Producer, serialize: Any,
     session: Session,
 ) -> None:  # fmt: skip
     run = uuid.uuid4().hex[:8]
