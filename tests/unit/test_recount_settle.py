@@ -49,15 +49,8 @@ class Readings:
         return {p: drifted(p) for p in post_ids}
 
 
-def test_the_settle_waits_for_a_writer_whose_clock_runs_ahead_within_the_tolerated_skew() -> None:
-    # A writer may run up to MAX_CLOCK_SKEW_S ahead of this host (the write service and relay
-    # refuse readiness beyond MAX_CLOCK_SKEW_S/2 each way from the edge-store): its outbox row is
-    # stamped in our future. The recount had its own 5 s margin, so an unpublished like stamped
-    # 60 s ahead was not waited for, and a drift in flight could be "repaired" into a double count.
-    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-    ahead = at + timedelta(seconds=convergence.MAX_CLOCK_SKEW_S / 2)
-    outbox = Outbox([("p", ahead)])
-    rec = reconcile.Reconciler(
+def _reconciler(outbox: Outbox) -> reconcile.Reconciler:
+    return reconcile.Reconciler(
         cast(probes.Readings, Readings()),
         cast(probes.Outbox, outbox),
         cast(probes.Consumers, Consumers()),
@@ -68,6 +61,17 @@ def test_the_settle_waits_for_a_writer_whose_clock_runs_ahead_within_the_tolerat
         clock=lambda: 0.0,
         sleep=lambda _s: None,
     )
+
+
+def test_the_settle_waits_for_a_writer_whose_clock_runs_ahead_within_the_tolerated_skew() -> None:
+    # A writer may run up to MAX_CLOCK_SKEW_S ahead of this host (the write service and relay
+    # refuse readiness beyond MAX_CLOCK_SKEW_S/2 each way from the edge-store): its outbox row is
+    # stamped in our future. The recount had its own 5 s margin, so an unpublished like stamped
+    # 60 s ahead was not waited for, and a drift in flight could be "repaired" into a double count.
+    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    ahead = at + timedelta(seconds=convergence.MAX_CLOCK_SKEW_S / 2)
+    outbox = Outbox([("p", ahead)])
+    rec = _reconciler(outbox)
     verdicts, settle = rec.check({"p": drifted("p")}, at, timeout_s=10)
     assert settle is not None and settle.settled
     assert outbox.seen_pending == 1, "the settle did not wait for the writer-ahead outbox row"
@@ -80,16 +84,6 @@ def test_a_row_stamped_beyond_the_tolerated_skew_is_not_waited_for() -> None:
     at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     beyond = at + timedelta(seconds=convergence.MAX_CLOCK_SKEW_S + 1)
     outbox = Outbox([("p", beyond)])
-    rec = reconcile.Reconciler(
-        cast(probes.Readings, Readings()),
-        cast(probes.Outbox, outbox),
-        cast(probes.Consumers, Consumers()),
-        cast(Any, None),
-        cast(Any, None),
-        region="us",
-        cache_ttl_s=60,
-        clock=lambda: 0.0,
-        sleep=lambda _s: None,
-    )
+    rec = _reconciler(outbox)
     rec.check({"p": drifted("p")}, at, timeout_s=10)
     assert outbox.seen_pending == 0
