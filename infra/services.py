@@ -11,13 +11,14 @@ import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
 from infra import observability
+from infra import redis as redis_infra
 from infra import tls as tls_infra
 from infra.config import ServiceScale
 from services.contracts import etcd, registry, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles
 
-AUTH_SECRET = "redis-auth"
+AUTH_SECRET = redis_infra.AUTH_SECRET  # the Redis password Secret infra/redis.py creates
 CDN_PURGE_SECRET = "cdn-purge"  # key `token`: the aggregator purges the CDN with it
 
 

