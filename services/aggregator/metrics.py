@@ -30,10 +30,7 @@ STORE_WRITES = Counter(
     "likes_aggregator_store_writes_total", "Counter-store cell writes (one per cell per window)"
 )
 STORE_BATCHES = Counter(
-    "likes_aggregator_store_batches_total", "Conditional counter-store writes (one per post)"
-)
-CAS_CONFLICTS = Counter(
-    "likes_aggregator_cas_conflicts_total", "Counter-store writes whose condition lost"
+    "likes_aggregator_store_batches_total", "Posts whose cells a window wrote (one row set each)"
 )
 COLLAPSE = Gauge(
     "likes_aggregator_collapse_factor", "Events per counter-store cell write, last window"

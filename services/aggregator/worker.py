@@ -41,6 +41,7 @@ from tenacity import (
 from services.aggregator import metrics
 from services.aggregator.cache import AggregateWriter, HotPoolMirror
 from services.aggregator.core import (
+    CATCHUP_LAG_MS,
     TP,
     CellKey,
     CellState,
@@ -57,14 +58,13 @@ from services.aggregator.core import (
 from services.aggregator.dlq import DeadLetter
 from services.aggregator.purge import Purger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
-from services.aggregator.store import CellRow, CounterStore, Plan, PoisonPosts, StoreError
+from services.aggregator.store import CellRow, CounterStore, Plan, PoisonPosts
 from services.common.worker_http import LoopHealth
 from services.contracts import bloom
 from services.contracts.events import LikeEvent
 
 log = logging.getLogger("aggregator")
 
-MAX_CAS_ROUNDS = 20
 UNSYNCED_MAX = 100_000  # held cache writes per kind (posts; (user, post) Bloom adds)
 RETRY_CHUNK = 5_000  # held posts retried per window: a long outage must not make windows slow
 # A count-cache failover may lose the writes its replica had not received yet (asynchronous
@@ -322,6 +322,7 @@ class Aggregator:
         if not msgs:
             for (topic, part), _ in self.parts.items():
                 metrics.LAG.labels(topic, str(part)).set(0)
+            self.windower.catching_up = False  # at the head
             return
         counts: dict[str, int] = {}
         touched: set[TP] = set()
@@ -342,10 +343,14 @@ class Aggregator:
         for topic, n in counts.items():
             metrics.EVENTS.labels(topic).inc(n)
         now = self.wall_ms()
+        behind = 0
         for tp in touched:
             st = self.parts.get(tp)
             if st is not None:
-                metrics.LAG.labels(tp[0], str(tp[1])).set(max(0, now - st.last_ts_ms) / 1000)
+                lag_ms = max(0, now - st.last_ts_ms)
+                behind = max(behind, lag_ms)
+                metrics.LAG.labels(tp[0], str(tp[1])).set(lag_ms / 1000)
+        self.windower.catching_up = behind > CATCHUP_LAG_MS
         metrics.DEDUP_SIZE.set(sum(len(p.dedup) for p in self.parts.values()))
         for tp in touched:
             st = self.parts.get(tp)
@@ -578,60 +583,48 @@ class Aggregator:
             self.cells.popitem(last=False)
 
     def _write_cells(self, w: Window, posts: dict[str, list[CellKey]]) -> int:
-        """CAS each post's fresh cells; a lost CAS re-reads (serially) and refolds."""
-        pending = list(posts)
-        serial = False
-        written = 0
-        for _ in range(MAX_CAS_ROUNDS):
-            if not pending:
-                return written
-            states: dict[CellKey, CellState] = {}
-            need: list[str] = []
-            for pid in pending:
+        """Fold the window into each cell it touched and write them (store.write_cells: last
+        write wins by offset, so no read-compare-retry: a row another owner wrote further along
+        the log shadows ours, and our cached state is still the true state at our offset)."""
+        states: dict[CellKey, CellState] = {}
+        need: list[str] = []
+        for pid, cs in posts.items():
+            for c in cs:
+                st = self._cache_get(c)
+                if st is None:
+                    need.append(pid)
+                    break
+                states[c] = st
+        if need:
+            rows = self.store.read_posts(need)
+            for pid in need:
+                by = {(r.region, r.shard): r for r in rows[pid]}
                 for c in posts[pid]:
-                    st = self._cache_get(c)
-                    if st is None:
-                        need.append(pid)
-                        break
+                    r = by.get((c.region, c.shard))
+                    st = CellState(r.value, r.applied, r.reactions) if r else CellState.empty()
                     states[c] = st
-            if need:
-                rows = self.store.read_posts(need, serial=serial)
-                for pid in need:
-                    by = {(r.region, r.shard): r for r in rows[pid]}
-                    for c in posts[pid]:
-                        r = by.get((c.region, c.shard))
-                        st = CellState(r.value, r.applied, r.reactions) if r else CellState.empty()
-                        states[c] = st
-                        self._cache_put(c, w.cell_tp[c], st)
-            plans: dict[str, Plan] = {}
-            for pid in pending:
-                plan = []
-                for c in posts[pid]:
-                    f = fold(w.cells[c], states[c].applied)
-                    skipped = len(w.cells[c]) - (f.events if f else 0)
-                    if skipped:
-                        metrics.REPLAYED.inc(skipped)
-                    if f is not None:
-                        plan.append((c, states[c], apply_fold(states[c], f)))
-                if plan:
-                    plans[pid] = plan
-            results = self.store.write_posts(plans)
-            pending = []
-            for pid, ok in results.items():
-                if ok:
-                    for c, old, new in plans[pid]:
-                        self._cache_put(c, w.cell_tp[c], new)
-                        metrics.APPLIED.inc(sum(1 for e in w.cells[c] if e.offset > old.applied))
-                    written += len(plans[pid])
-                    metrics.STORE_WRITES.inc(len(plans[pid]))
-                    metrics.STORE_BATCHES.inc()
-                else:  # another writer (a previous owner mid-rebalance) moved a cell: re-read
-                    metrics.CAS_CONFLICTS.inc()
-                    for c in posts[pid]:
-                        self.cells.pop(c, None)
-                    pending.append(pid)
-            serial = True
-        raise StoreError(f"CAS did not converge for {len(pending)} post(s)")
+        plans: dict[str, Plan] = {}
+        for pid, cs in posts.items():
+            plan = []
+            for c in cs:
+                f = fold(w.cells[c], states[c].applied)
+                skipped = len(w.cells[c]) - (f.events if f else 0)
+                if skipped:
+                    metrics.REPLAYED.inc(skipped)
+                if f is not None:
+                    plan.append((c, states[c], apply_fold(states[c], f)))
+            if plan:
+                plans[pid] = plan
+        self.store.write_cells(plans)  # raises: the window is retried (nothing cached yet)
+        written = 0
+        for done in plans.values():
+            for c, old, new in done:
+                self._cache_put(c, w.cell_tp[c], new)
+                metrics.APPLIED.inc(sum(1 for e in w.cells[c] if e.offset > old.applied))
+            written += len(done)
+        metrics.STORE_WRITES.inc(written)
+        metrics.STORE_BATCHES.inc(len(plans))
+        return written
 
     def _write_aggregates(self, post_ids: list[str], rows: dict[str, list[CellRow]]) -> list[str]:
         """CAS each post's aggregate + sub-counters, from its whole partition `rows` (other

@@ -806,3 +806,49 @@ def test_counter_store_results_share_one_row_class(session: Session) -> None:
     assert {p: [(r.value, r.applied) for r in rows] for p, rows in read.items()} == {
         p: [(3, 7)] for p in posts
     }
+
+
+def test_a_stale_owners_cells_never_roll_a_newer_row_back(session: Session) -> None:
+    # Cells are written last-write-wins by offset (services/aggregator/store.py): of two owners
+    # of a partition mid-rebalance, the row further along the log wins on the server, whatever
+    # the order the writes arrive in; a replay rewrites the same row; a row written at wall-clock
+    # time (the CAS of earlier versions) is overwritten by the first offset-stamped write.
+    from services.aggregator.store import CounterStore
+
+    store = CounterStore(session)
+    post, older = f"post-{uuid.uuid4()}", f"post-{uuid.uuid4()}"
+    cell, empty = CellKey(post, "eu#0", 0), CellState.empty()
+    ahead = CellState(9, 300, {"like": 9})  # the successor, folded up to offset 300
+    behind = CellState(4, 200, {"like": 3, "love": 1})  # the stale owner, up to 200
+    store.write_cells({post: [(cell, empty, ahead)]})
+    store.write_cells({post: [(cell, empty, behind)]})  # arrives later, but is older
+    assert cells(session, post) == {("eu#0", 0): (9, 300, {"like": 9})}
+    store.write_cells({post: [(cell, behind, ahead)]})  # a replay of the same fold
+    assert cells(session, post) == {("eu#0", 0): (9, 300, {"like": 9})}
+
+    assert store.write_posts({older: [(CellKey(older, "eu#0", 0), empty, behind)]})[older]
+    store.write_cells({older: [(CellKey(older, "eu#0", 0), behind, ahead)]})
+    assert cells(session, older) == {("eu#0", 0): (9, 300, {"like": 9})}
+
+
+def test_cells_of_many_posts_are_read_and_written_in_chunks_and_a_refused_post_is_named(
+    session: Session,
+) -> None:
+    from services.aggregator.store import READ_CHUNK, WRITE_CHUNK, CounterStore, PoisonPosts
+
+    store = CounterStore(session)
+    posts = [f"post-{uuid.uuid4()}" for _ in range(2 * max(READ_CHUNK, WRITE_CHUNK) + 3)]
+    plans = {
+        p: [(CellKey(p, "eu#0", s), CellState.empty(), CellState(i + s, i, {"like": i + s}))
+            for s in range(1 + i % 3)]
+        for i, p in enumerate(posts)
+    }  # fmt: skip
+    store.write_cells(plans)
+    read = store.read_posts(posts)
+    assert {p: sorted((r.shard, r.value, r.applied) for r in rows) for p, rows in read.items()} == {
+        p: [(s, i + s, i) for s in range(1 + i % 3)] for i, p in enumerate(posts)
+    }
+    huge = "y" * 70_000  # a partition key over 64 KiB: refused for good, in any chunk
+    with pytest.raises(PoisonPosts) as e:
+        store.read_posts([*posts[:5], huge, *posts[5:9]])
+    assert list(e.value.errors) == [huge]
