@@ -26,27 +26,58 @@ from redis.retry import Retry
 
 from services.contracts import clients, hotkeys, keys
 
+_CAS_FN = """
+local function cas(agg, count, gen, reactions, fresh, ttl, subs, a, n)
+  local cur = redis.call('HGET', agg, 'gen')
+  if cur and tonumber(cur) >= tonumber(gen) then
+    return 0
+  end
+  redis.call('HSET', agg, 'count', count, 'gen', gen, 'reactions', reactions, 'last_fresh', fresh)
+  ttl = tonumber(ttl)
+  if ttl > 0 then redis.call('EXPIRE', agg, ttl) end
+  for i = a, a + n - 1, 2 do
+    if ttl > 0 then
+      redis.call('SET', subs[i], subs[i + 1], 'EX', ttl)
+    else
+      redis.call('SET', subs[i], subs[i + 1])
+    end
+  end
+  return 1
+end
+"""
 # KEYS[1] = aggregate, KEYS[2..] = sub-counters; ARGV = count, gen, reactions, last_fresh, ttl,
 # then one value per sub-counter key. Returns 1 if written, 0 if the stored gen is >= gen.
-_CAS = """
-local cur = redis.call('HGET', KEYS[1], 'gen')
-local gen = tonumber(ARGV[2])
-if cur and tonumber(cur) >= gen then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'count', ARGV[1], 'gen', ARGV[2], 'reactions', ARGV[3],
-           'last_fresh', ARGV[4])
-local ttl = tonumber(ARGV[5])
-if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+_CAS = (
+    _CAS_FN
+    + """
+local subs = {}
 for i = 2, #KEYS do
-  if ttl > 0 then
-    redis.call('SET', KEYS[i], ARGV[4 + i], 'EX', ttl)
-  else
-    redis.call('SET', KEYS[i], ARGV[4 + i])
-  end
+  subs[#subs + 1] = KEYS[i]
+  subs[#subs + 1] = ARGV[4 + i]
 end
-return 1
+return cas(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], subs, 1, #subs)
 """
+)
+# Many posts of ONE node in one call (the aggregator's windows): ARGV, per post: aggregate key,
+# count, gen, reactions, last_fresh, ttl, n, then n items (sub-counter key, value, ...). Keys
+# as arguments, with the cross-slot flag, as bloom.py's _ADD_MANY says why; a slot that moved
+# fails the call ("non local key"): the caller refreshes and retries, each write gen-guarded.
+_CAS_MANY = (
+    "#!lua flags=allow-cross-slot-keys\n"
+    + _CAS_FN
+    + """
+local out = {}
+local a = 1
+while a <= #ARGV do
+  local n = tonumber(ARGV[a + 6])
+  out[#out + 1] = cas(ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
+                      ARGV, a + 7, n)
+  a = a + 7 + n
+end
+return out
+"""
+)
+CAS_MANY_CHUNK = 500  # posts per script run (~1 ms of the node's time)
 
 
 def _args(
@@ -106,12 +137,33 @@ class AggregateWriter:
         self,
         items: Sequence[tuple[str, int, int, Mapping[str, int], int, Mapping[int, int]]],
     ) -> list[bool]:
-        """items: (post_id, count, gen, reactions, last_fresh, subcounters) -> written?"""
-        calls = [
-            _args(post_id, count, gen, reactions, fresh, subs, self.ttl_s)
-            for post_id, count, gen, reactions, fresh, subs in items
-        ]
-        return [bool(r) for r in clients.eval_per_node(self.rc, _CAS, calls)]
+        """items: (post_id, count, gen, reactions, last_fresh, subcounters) -> written?
+        One script run per node per CAS_MANY_CHUNK posts, a node's runs in one pipeline."""
+        by_node: dict[str, list[int]] = {}
+        for i, (post_id, *_rest) in enumerate(items):
+            node = self.rc.get_node_from_key(keys.count_key(post_id))
+            by_node.setdefault(node.name, []).append(i)
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        route: list[str] = []
+        order: list[list[int]] = []
+        for idx in by_node.values():
+            for c in range(0, len(idx), CAS_MANY_CHUNK):
+                part = idx[c : c + CAS_MANY_CHUNK]
+                argv: list[Any] = []
+                for i in part:
+                    post_id, count, gen, reactions, fresh, subs = items[i]
+                    ks, args = _args(post_id, count, gen, reactions, fresh, subs, self.ttl_s)
+                    pairs = [x for k, v in zip(ks[1:], args[5:], strict=True) for x in (k, v)]
+                    argv += [ks[0], *args[:5], len(pairs), *pairs]
+                calls.append(((), argv))
+                route.append(keys.count_key(items[part[0]][0]))
+                order.append(part)
+        out = [False] * len(items)
+        for part, results in zip(order, clients.eval_per_node(self.rc, _CAS_MANY, calls, route),
+                                 strict=True):  # fmt: skip
+            for i, r in zip(part, results, strict=True):
+                out[i] = bool(r)
+        return out
 
 
 def read_aggregate(rc: RedisCluster, post_id: str) -> dict[str, Any] | None:
@@ -125,6 +177,9 @@ def read_aggregate(rc: RedisCluster, post_id: str) -> dict[str, Any] | None:
         "reactions": json.loads(raw["reactions"]),
         "last_fresh": int(raw["last_fresh"]),
     }
+
+
+COPY_CHUNK = 500  # copies per script run: ~1 ms of a pool's time, short enough to share it
 
 
 class HotPoolMirror:
@@ -162,24 +217,25 @@ class HotPoolMirror:
             )
             for h, p in addresses
         ]
-        self.sha = hashlib.sha1(hotkeys.HOT_COPY_LUA.encode()).hexdigest()
+        self.sha = hashlib.sha1(hotkeys.HOT_COPY_MANY_LUA.encode()).hexdigest()
         self._down_until = [0.0] * len(self.clients)
         self._pool = ThreadPoolExecutor(max(1, len(self.clients)), "hot-pool-copy")
 
-    def _copy_into(self, i: int, calls: list[tuple[str, list[Any]]]) -> int:
+    def _copy_into(self, i: int, calls: list[tuple[list[str], list[Any]]]) -> int:
+        """calls: (keys, argv) of HOT_COPY_MANY_LUA, one script run each, all in one pipeline."""
         client = self.clients[i]
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
-            for key, argv in calls:
-                pipe.evalsha(self.sha, 1, key, *argv)
+            for ks, argv in calls:
+                pipe.evalsha(self.sha, len(ks), *ks, *argv)
             results = pipe.execute(raise_on_error=False)
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
-                client.script_load(hotkeys.HOT_COPY_LUA)  # a restarted pool lost its scripts
+                client.script_load(hotkeys.HOT_COPY_MANY_LUA)  # a restarted pool lost them
                 continue
             errors = [r for r in results if isinstance(r, Exception)]
             if errors:
                 raise errors[0]
-            return sum(1 for r in results if r == 1)
+            return sum(1 for r in results for x in r if x == 1)
         raise RuntimeError("unreachable")
 
     def _copy_args(
@@ -187,7 +243,7 @@ class HotPoolMirror:
     ) -> list[Any]:
         fields = {"count": count, "gen": gen, "reactions": json.dumps(dict(reactions))}
         fields["last_fresh"] = fresh
-        return [self.ttl_s, gen, *(x for kv in fields.items() for x in kv)]
+        return [self.ttl_s, gen, 2 * len(fields), *(x for kv in fields.items() for x in kv)]
 
     def copy_many(
         self, items: Sequence[tuple[str, int, int, Mapping[str, int], int]]
@@ -197,10 +253,12 @@ class HotPoolMirror:
         out = {"written": 0, "stale": 0, "failed": 0, "skipped": 0}
         if not items or not self.clients:
             return out
-        calls = [
-            (keys.count_key(post_id), self._copy_args(count, gen, reactions, fresh))
-            for post_id, count, gen, reactions, fresh in items
-        ]
+        calls: list[tuple[list[str], list[Any]]] = []
+        for i in range(0, len(items), COPY_CHUNK):
+            part = items[i : i + COPY_CHUNK]
+            ks = [keys.count_key(post_id) for post_id, *_ in part]
+            argv = [a for _p, c, g, r, f in part for a in self._copy_args(c, g, r, f)]
+            calls.append((ks, argv))
         now = self.clock()
         live = [i for i in range(len(self.clients)) if self._down_until[i] <= now]
         out["skipped"] = len(items) * (len(self.clients) - len(live))

@@ -212,9 +212,13 @@ def add_many(rc: Any, pairs: Iterable[tuple[str, str]], chunk: int = ADD_MANY_CH
     from services.contracts.clients import eval_per_node
 
     by_node: dict[str, list[tuple[str, int, int]]] = {}
-    for pair in dict.fromkeys(pairs):
-        key, h1, h2 = _add_args(*pair)
-        by_node.setdefault(rc.get_node_from_key(key).name, []).append((key, h1, h2))
+    hashed: dict[str, tuple[int, int]] = {}  # a window's likes share few posts: hash each once
+    for user_id, post_id in dict.fromkeys(pairs):
+        h = hashed.get(post_id)
+        if h is None:
+            h = hashed[post_id] = probes(post_id)
+        key = keys.bloom_key(user_id)
+        by_node.setdefault(rc.get_node_from_key(key).name, []).append((key, *h))
     calls: list[tuple[Sequence[str], Sequence[Any]]] = []
     route: list[str] = []
     for adds in by_node.values():

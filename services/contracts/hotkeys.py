@@ -44,18 +44,37 @@ LOCAL_HOT_READS_PER_S = 200
 
 # A pool's copy of `count:{post}`: written only if its `gen` is not older than the pool's (a slow
 # writer never rolls a copy back), with a TTL so a copy nobody refreshes dies on its own.
-# KEYS[1] = the copy; ARGV = ttl, gen, then field, value pairs.
-HOT_COPY_LUA = """
-local cur = redis.call('HGET', KEYS[1], 'gen')
-if cur and tonumber(cur) > tonumber(ARGV[2]) then
-  redis.call('EXPIRE', KEYS[1], ARGV[1])
-  return 0
+_COPY_FN = """
+local function copy(key, ttl, gen, fields)
+  local cur = redis.call('HGET', key, 'gen')
+  if cur and tonumber(cur) > tonumber(gen) then
+    redis.call('EXPIRE', key, ttl)
+    return 0
+  end
+  redis.call('DEL', key)
+  redis.call('HSET', key, unpack(fields))
+  redis.call('EXPIRE', key, ttl)
+  return 1
 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
 """
+# KEYS[1] = the copy; ARGV = ttl, gen, then field, value pairs.
+HOT_COPY_LUA = _COPY_FN + "return copy(KEYS[1], ARGV[1], ARGV[2], {unpack(ARGV, 3)})\n"
+# Many copies in one call (the aggregator's always-replicate: one script per pool per chunk, not
+# a command per post per pool). KEYS = the copies; ARGV, per key: ttl, gen, n, then n field and
+# value items. Returns one 1 (written) or 0 (a newer gen is there) per key.
+HOT_COPY_MANY_LUA = (
+    _COPY_FN
+    + """
+local out = {}
+local a = 1
+for k = 1, #KEYS do
+  local n = tonumber(ARGV[a + 2])
+  out[k] = copy(KEYS[k], ARGV[a], ARGV[a + 1], {unpack(ARGV, a + 3, a + 2 + n)})
+  a = a + 3 + n
+end
+return out
+"""
+)
 
 T = TypeVar("T")
 
