@@ -198,6 +198,22 @@ def test_slow_flushes_stretch_the_next_window_up_to_a_cap() -> None:
     assert w.due()
 
 
+def test_a_consumer_catching_up_keeps_its_window_open_to_the_cap() -> None:
+    clock = Clock(10.0)
+    w = Windower(clock, window_ms=1000, max_stretch_ms=5000)
+    w.catching_up = True
+    w.current.add(("t", 0), 1, CellKey("p", "eu", 0), 1, "like")
+    clock.t = 14.9
+    assert not w.due()  # ticks passed, but the backlog is read in long windows
+    clock.t = 15.0
+    assert w.due()
+    w.take()
+    w.catching_up = False  # at the head again: the next window closes on the tick
+    w.current.add(("t", 0), 2, CellKey("p", "eu", 0), 1, "like")
+    clock.t = 16.0
+    assert w.due()
+
+
 def test_window_flushes_early_at_max_events() -> None:
     clock = Clock(5.0)
     w = Windower(clock, window_ms=1000, max_events=3)
