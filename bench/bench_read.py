@@ -61,6 +61,7 @@ def baseline_app() -> Any:
     body; nothing else."""
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
+    from services.common import heap
     from services.contracts import keys
     from services.contracts.settings import HotPoolSettings
 
@@ -78,6 +79,7 @@ def baseline_app() -> Any:
                 msg = await receive()
                 if msg["type"] == "lifespan.startup":
                     await rc.initialize()
+                    heap.settle()  # as the read service does (services/common/heap.py)
                     await send({"type": "lifespan.startup.complete"})
                 elif msg["type"] == "lifespan.shutdown":
                     await rc.aclose()
@@ -118,6 +120,7 @@ def sum_baseline_app() -> Any:
     request, as the read service's degraded tier makes it."""
     from cassandra.query import PreparedStatement
 
+    from services.common import heap
     from services.contracts import clients
     from services.contracts.settings import HotPoolSettings
 
@@ -145,6 +148,7 @@ def sum_baseline_app() -> Any:
                         "SELECT value, reactions FROM counter_cells WHERE post_id = ?"
                     )
                     state.update(cluster=cluster, session=session, q=q)
+                    heap.settle()  # as the read service does (services/common/heap.py)
                     await send({"type": "lifespan.startup.complete"})
                 elif msg["type"] == "lifespan.shutdown":
                     state["cluster"].shutdown()

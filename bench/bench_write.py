@@ -57,6 +57,7 @@ async def baseline(settings: Any, users: list[str], posts: list[str], concurrenc
     from confluent_kafka.serialization import MessageField, SerializationContext
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
+    from services.common import heap
     from services.contracts import clients, events, keys
     from services.read.stores import _aio
     from services.write.core import Publisher, Statements, outbox_shard
@@ -68,6 +69,7 @@ async def baseline(settings: Any, users: list[str], posts: list[str], concurrenc
         password=settings.redis_auth,
     )
     publisher = Publisher(clients.producer(settings))
+    heap.settle()  # as the write service does once started (services/common/heap.py)
     serialize = clients.like_serializer(clients.schema_registry(settings))
     loop = asyncio.get_running_loop()
 

@@ -8,7 +8,7 @@ import threading
 
 from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
-from services.common import observability, worker_http
+from services.common import heap, observability, worker_http
 from services.contracts import workloads
 
 
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server = worker_http.serve(args.host, args.port, agg.ready, agg.loop.alive)
+    heap.settle()
     log.info("aggregator serving ops", extra={"fields": {"port": args.port}})
     try:
         agg.run(stop)

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from fastapi.telemetry import TelemetryConfig
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -35,6 +37,13 @@ def setup_logging(service: str, level: str = "INFO") -> logging.Logger:
     for noisy in ("cassandra", "httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger(service)
+
+
+# FastAPI's native OpenTelemetry (FastAPI(telemetry=...), 0.165) stays off: our RED middleware
+# (services/common/http.py) makes the server span and prometheus-client the metrics. Left on, it
+# asked OpenTelemetry for its global providers on every request, and with none installed each
+# ask reads os.environ: 5 % of the read service's CPU in a py-spy profile under load.
+FASTAPI_TELEMETRY_OFF: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
 def setup_tracing(service: str, otlp_endpoint: str | None) -> bool:

@@ -17,7 +17,7 @@ from fastapi import Body, FastAPI, Query, Request
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, Field
 
-from services.common import http, observability
+from services.common import heap, http, observability
 from services.contracts import etcd, routes
 from services.contracts.workloads import HOTKEY_SAMPLER as WORKLOAD
 from services.hotkey_sampler.publisher import EtcdPublisher
@@ -92,6 +92,7 @@ def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
         )
         app.state.window, app.state.publisher = window, publisher
         task = asyncio.create_task(publish_loop(window, publisher, cfg), name="publish")
+        heap.settle()
         try:
             yield
         finally:
@@ -100,7 +101,12 @@ def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
                 await task
             await publisher.close()  # a clean stop revokes the lease: flags go at once
 
-    app = FastAPI(title="likes hot-key sampler", version="1", lifespan=lifespan)
+    app = FastAPI(
+        title="likes hot-key sampler",
+        version="1",
+        lifespan=lifespan,
+        telemetry=observability.FASTAPI_TELEMETRY_OFF,
+    )
 
     def sample(request: Request, post_ids: list[str]) -> dict[str, int]:
         window: DecayingTopK = request.app.state.window

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common import http, observability
+from services.common import heap, http, observability
 from services.contracts import etcd, workloads
 from services.contracts import hotkeys as hotkey_flags
 from services.contracts.settings import HotPoolSettings
@@ -119,6 +119,7 @@ def create_app(
         rebuilder = FilterRebuilder(cache, store)
         options = {"rebuild_filter": rebuilder.request, **(reader_options or {})}
         app.state.reader = Reader(hot_cache, store, **options)
+        heap.settle()
         try:
             yield
         finally:
@@ -130,6 +131,7 @@ def create_app(
             await cache.close()
 
     app = FastAPI(
+        telemetry=observability.FASTAPI_TELEMETRY_OFF,
         title="likes read",
         version="1",
         lifespan=lifespan,

@@ -8,7 +8,7 @@ import logging
 import signal
 import threading
 
-from services.common import clock, observability, worker_http
+from services.common import clock, heap, observability, worker_http
 from services.contracts import clients, convergence, workloads
 from services.contracts.clients import CASSANDRA_ERRORS
 from services.relay.core import OutboxRelay
@@ -54,6 +54,7 @@ def main() -> None:
 
     loop = worker_http.LoopHealth(())  # /healthz: a pass that hangs gets the pod restarted
     server = worker_http.serve(args.host, args.port, ready, loop.alive)
+    heap.settle()
     log.info("relay started", extra={"fields": {"replica": replica}})
     while not stop.is_set():
         loop.turned()

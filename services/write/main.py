@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from services.common import clock, http, observability
+from services.common import clock, heap, http, observability
 from services.contracts import clients, convergence, workloads
 from services.contracts.settings import Settings
 from services.write import api, core, splits
@@ -42,12 +42,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             shard_for=splits.SplitRouter(split_view).shard_for,
         )
         app.state.clock = clock.EdgeStoreClock(session)
+        heap.settle()
         yield
         await split_view.close()
         publisher.close()
         cluster.shutdown()
 
-    app = FastAPI(title="likes write", version="1", lifespan=lifespan)
+    app = FastAPI(
+        title="likes write",
+        version="1",
+        lifespan=lifespan,
+        telemetry=observability.FASTAPI_TELEMETRY_OFF,
+    )
 
     # bounded even when chunked: a body is read into memory before it is validated
     app.add_middleware(http.BodyLimit, max_bytes=api.MAX_BODY_BYTES)
