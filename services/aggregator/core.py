@@ -255,8 +255,9 @@ class Windower:
     long, up to `max_stretch_ms`. When the stores slow down, windows grow and collapse more
     events per write instead of the consumer falling further behind one small window at a time.
 
-    Catching up (`catching_up`, set by the worker while the events it reads are older than
-    CATCHUP_LAG_MS: a backlog after a restart or an outage): windows stay open `max_stretch_ms`
+    Catching up (`catching_up`, set by the worker while each read returns a full batch of
+    events older than CATCHUP_LAG_MS: a backlog after a restart or an outage, not a few late
+    events, which still close on the tick): windows stay open `max_stretch_ms`
     (or to `max_events`). Those events are late already; a tenth of the writes per event is what
     brings the consumer back to the head (issue 10's benchmark reads a backlog: 1 s windows
     wrote 2.3 cells per post, the stretched ones 1.1). At the head the 1 s tick is back.

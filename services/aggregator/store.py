@@ -49,6 +49,20 @@ def _applied(v: int | None) -> int:
     return NO_ROW if v is None else int(v)
 
 
+def _one_or_batch(bound: Sequence[Statement]) -> Statement:
+    """One statement as itself, several as an unlogged batch; LOCAL_QUORUM."""
+    stmt: Statement
+    if len(bound) == 1:
+        stmt = bound[0]
+    else:
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for b in bound:
+            batch.add(b)
+        stmt = batch
+    stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+    return stmt
+
+
 class StoreError(Exception):
     """A counter-store call failed: the window is retried, never skipped."""
 
@@ -210,16 +224,7 @@ class CounterStore:
                     ts = CELL_TS_BASE + new.applied
                     row = (pid, cell.region, cell.shard, new.value, new.applied, new.reactions)
                     bound.append(self.q_put.bind((*row[:5], dict(row[5]), now, ts)))
-            stmt: Statement
-            if len(bound) == 1:
-                stmt = bound[0]
-            else:
-                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                for b in bound:
-                    batch.add(b)
-                stmt = batch
-            stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-            return stmt
+            return _one_or_batch(bound)
 
         self._run_chunks(self._chunks_by_replica(plans), make)
 
@@ -237,15 +242,7 @@ class CounterStore:
                     (post_id, cell.region, cell.shard, new.value, new.applied, reactions, now)
                 )
             bound.append(b)
-        stmt: Statement
-        if len(bound) == 1:
-            stmt = bound[0]
-        else:
-            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-            for b in bound:
-                batch.add(b)
-            stmt = batch
-        stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        stmt = _one_or_batch(bound)
         stmt.serial_consistency_level = ConsistencyLevel.LOCAL_SERIAL
         return stmt
 

@@ -65,6 +65,7 @@ from services.contracts.events import LikeEvent
 
 log = logging.getLogger("aggregator")
 
+CONSUME_BATCH = 1000  # messages per consume() call
 UNSYNCED_MAX = 100_000  # held cache writes per kind (posts; (user, post) Bloom adds)
 RETRY_CHUNK = 5_000  # held posts retried per window: a long outage must not make windows slow
 # A count-cache failover may lose the writes its replica had not received yet (asynchronous
@@ -187,7 +188,7 @@ class Aggregator:
 
     def step(self, timeout: float = 0.1) -> None:
         self.loop.turned()
-        msgs = self.consumer.consume(num_messages=1000, timeout=timeout)
+        msgs = self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout)
         self._handle_batch(msgs)
         self._watch_failover()
         if self.windower.due():
@@ -350,7 +351,8 @@ class Aggregator:
                 lag_ms = max(0, now - st.last_ts_ms)
                 behind = max(behind, lag_ms)
                 metrics.LAG.labels(tp[0], str(tp[1])).set(lag_ms / 1000)
-        self.windower.catching_up = behind > CATCHUP_LAG_MS
+        # a backlog, not a few late events: a full batch came back and it is old
+        self.windower.catching_up = len(msgs) >= CONSUME_BATCH and behind > CATCHUP_LAG_MS
         metrics.DEDUP_SIZE.set(sum(len(p.dedup) for p in self.parts.values()))
         for tp in touched:
             st = self.parts.get(tp)
