@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import redis as redis_py
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client import REGISTRY
@@ -243,7 +243,10 @@ def run_aggregator(s: AggregatorSettings, n: int) -> tuple[float, dict[str, floa
     t0 = time.perf_counter()
     while True:
         time.sleep(0.05)
-        got = watch.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        try:
+            got = watch.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        except KafkaException:  # the group's coordinator moving (a stack just started): again
+            continue
         if all(tp.offset >= ends[tp.partition] for tp in got):
             break
     dt = time.perf_counter() - t0
