@@ -83,10 +83,6 @@ class CounterStore:
         self.session = session
         self.concurrency = concurrency
         p = session.prepare
-        self.q_read = p(
-            "SELECT region, shard, value, applied_window, reactions FROM counter_cells "
-            "WHERE post_id = ?"
-        )
         self.q_read_many = p(
             "SELECT post_id, region, shard, value, applied_window, reactions FROM counter_cells "
             "WHERE post_id IN ?"
@@ -158,20 +154,9 @@ class CounterStore:
         return CellRow(r.region, r.shard, r.value or 0, _applied(r.applied_window),
                        dict(r.reactions or {}))  # fmt: skip
 
-    def read_posts(self, post_ids: Sequence[str], serial: bool = False) -> dict[str, list[CellRow]]:
-        """Every cell of each post. `serial` (LOCAL_SERIAL, one query per post) after a lost
-        CAS: it also finishes any in-flight Paxos round, so the retry starts from the latest
-        committed state."""
+    def read_posts(self, post_ids: Sequence[str]) -> dict[str, list[CellRow]]:
+        """Every cell of each post (no cell: an empty list)."""
         out: dict[str, list[CellRow]] = {p: [] for p in post_ids}
-        if serial:
-            stmts: list[tuple[Statement, Any]] = []
-            for pid in post_ids:
-                b = self.q_read.bind((pid,))
-                b.consistency_level = ConsistencyLevel.LOCAL_SERIAL
-                stmts.append((b, None))
-            for pid, rs in zip(post_ids, self._run(stmts, post_ids), strict=True):
-                out[pid] = [self._row(r) for r in rs]
-            return out
 
         def make(chunk: list[str]) -> Statement:
             b = self.q_read_many.bind((chunk,))

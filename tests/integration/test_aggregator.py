@@ -799,7 +799,7 @@ def test_counter_store_results_share_one_row_class(session: Session) -> None:
     plan = {p: [(CellKey(p, "eu#0", 0), CellState.empty(), CellState(3, 7, {"like": 3}))]
             for p in posts}  # fmt: skip
     assert store.write_posts(plan) == dict.fromkeys(posts, True)
-    first, second = (session.execute(store.q_read, (p,)).one() for p in posts)
+    first, second = (session.execute(store.q_read_many, ([p],)).one() for p in posts)
     assert type(first) is type(second)
     assert (second.region, second.value, second.applied_window) == ("eu#0", 3, 7)
     read = store.read_posts(posts)
