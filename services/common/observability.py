@@ -46,12 +46,30 @@ def setup_logging(service: str, level: str = "INFO") -> logging.Logger:
 FASTAPI_TELEMETRY_OFF: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
+_tracing = False  # set by install_tracer_provider; read per request by the RED middleware
+
+
+def tracing_on() -> bool:
+    """True once install_tracer_provider ran: the RED middleware opens request spans only then
+    (asking OpenTelemetry for its provider reads os.environ each time while none is set)."""
+    return _tracing
+
+
+def install_tracer_provider(provider: Any) -> None:
+    """Make `provider` the process's tracer provider (OpenTelemetry takes one per process) and
+    turn request spans on. The one way to install a provider: setup_tracing and tests use it."""
+    global _tracing
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(provider)
+    _tracing = True
+
+
 def setup_tracing(service: str, otlp_endpoint: str | None) -> bool:
-    """Install an OTLP exporter when an endpoint is configured; otherwise tracing stays a no-op
-    (the OpenTelemetry API's default tracer) and costs nothing."""
+    """Install an OTLP exporter when an endpoint is configured; otherwise tracing stays off and
+    costs nothing (no span is opened, not even the OpenTelemetry API's no-op one)."""
     if not otlp_endpoint:
         return False
-    from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -59,5 +77,5 @@ def setup_tracing(service: str, otlp_endpoint: str | None) -> bool:
 
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
-    trace.set_tracer_provider(provider)
+    install_tracer_provider(provider)
     return True

@@ -34,7 +34,12 @@ LAST_GOOD_MAX_AGE_S = 60.0
 TOP_REACTIONS = 3
 
 
-@dataclass(frozen=True)
+# Aggregate, Totals and CountView are values, never changed once made, but not frozen: a frozen
+# dataclass builds three times slower (object.__setattr__ per field, 1.5 against 0.5 µs), and a
+# batch read builds a hundred of them.
+
+
+@dataclass(slots=True)
 class Aggregate:
     """The aggregator's `count:{p}` hash."""
 
@@ -44,7 +49,7 @@ class Aggregate:
     gen: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Totals:
     """The counter-store's SUM over a post's cells."""
 
@@ -52,7 +57,7 @@ class Totals:
     reactions: dict[str, int]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CountView:
     post_id: str
     count: int | None
@@ -109,11 +114,14 @@ class LastGood:
     capacity: int = 100_000
     _entries: OrderedDict[str, _Entry] = field(default_factory=OrderedDict)
 
-    def put(self, view: CountView) -> None:
-        self._entries[view.post_id] = _Entry(view, self.clock())
-        self._entries.move_to_end(view.post_id)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+    def put(self, views: Sequence[CountView]) -> None:
+        """Remember fresh answers (once per post read: kept lean, one clock read per call)."""
+        entries, now = self._entries, self.clock()
+        for view in views:
+            entries[view.post_id] = _Entry(view, now)
+            entries.move_to_end(view.post_id)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
 
     def get(self, post_id: str) -> CountView | None:
         """The stale answer for post_id, or None when there is none young enough."""
@@ -166,6 +174,7 @@ class Reader:
         self.cache_breaker = cache_breaker or CircuitBreaker("count-cache", cooldown_s=1.0)
         self.store_breaker = store_breaker or CircuitBreaker("counter-store", cooldown_s=3.0)
         self.edge_breaker = edge_breaker or CircuitBreaker("edge-store", cooldown_s=3.0)
+        self._shown: dict[str, int] = {}
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -185,7 +194,7 @@ class Reader:
         except Exception:
             breaker.failure()
             _DEPENDENCY_ERRORS[breaker.name].inc()
-            _BREAKER_OPEN[breaker.name].set(1 if breaker.state != "closed" else 0)
+            self._show(breaker)
             raise
         return result
 
@@ -198,7 +207,14 @@ class Reader:
             breaker.success()
         if errors:
             _DEPENDENCY_ERRORS[breaker.name].inc(errors)
-        _BREAKER_OPEN[breaker.name].set(1 if breaker.state != "closed" else 0)
+        self._show(breaker)
+
+    def _show(self, breaker: CircuitBreaker) -> None:
+        """likes_read_breaker_open, set when it changes (a gauge's set() locks: once a read)."""
+        is_open = 0 if breaker.opened_at is None else 1  # open or half-open
+        if self._shown.get(breaker.name) != is_open:
+            _BREAKER_OPEN[breaker.name].set(is_open)
+            self._shown[breaker.name] = is_open
 
     async def _guarded_batch(
         self,
@@ -257,13 +273,15 @@ class Reader:
                 if isinstance(t, Totals):
                     views[p] = CountView(p, t.count, t.reactions, now_ms, False, "counter_store")
 
+        self.last_good.put(list(views.values()))
+        tiers: dict[str, int] = {}
         for p in ids:
             v = views.get(p)
-            if v is not None:
-                self.last_good.put(v)
-            else:
-                views[p] = self.last_good.get(p) or CountView(p, None, {}, None, True, "none")
-            _TIER[views[p].tier].inc()
+            if v is None:
+                v = views[p] = self.last_good.get(p) or CountView(p, None, {}, None, True, "none")
+            tiers[v.tier] = tiers.get(v.tier, 0) + 1
+        for tier, n in tiers.items():
+            _TIER[tier].inc(n)
         return [views[p] for p in post_ids]
 
     def degraded(self, post_ids: Sequence[str]) -> list[CountView]:

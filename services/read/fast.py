@@ -20,6 +20,7 @@ import re
 import time
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,7 +36,9 @@ _POST_ID = re.compile(keys.POST_ID_PATTERN)
 _PREFIX, _SUFFIX = routes.READ_TEMPLATE.split("{post_id}")
 _JSON = b"application/json"
 _PRIVATE = api.PRIVATE.encode()
-_DUMPS = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+# what FastAPI's JSONResponse renders (json.dumps, ensure_ascii=False, compact separators), for
+# the str / int / bool / None / list / dict bodies here, at a tenth of the stdlib encoder's cost
+_DUMPS = orjson.dumps
 _SERVED = FAST_PATH.labels("served")
 _PASSED = FAST_PATH.labels("passed")
 _DEGRADED_GET = DEGRADED.labels(_SUFFIX.rsplit("/", 1)[-1])  # what api._views labels them
@@ -154,7 +157,7 @@ class FastReads:
         reader, user_id = self._caller(authorization)
         views, liked = await self._views(scope, reader, user_id, [post_id], _DEGRADED_GET)
         v = views[0]
-        body = _DUMPS(_item(v, liked, 0)).encode()
+        body = _DUMPS(_item(v, liked, 0))
         headers = [
             (b"content-length", b"%d" % len(body)),
             (b"content-type", _JSON),
@@ -204,7 +207,7 @@ class FastReads:
             return
         views, liked = await self._views(scope, reader, user_id, post_ids, _DEGRADED_BATCH)
         items = [_item(v, liked, i) for i, v in enumerate(views)]
-        body = _DUMPS({"items": items}).encode()
+        body = _DUMPS({"items": items})
         headers = [
             (b"content-length", b"%d" % len(body)),
             (b"content-type", _JSON),
@@ -233,8 +236,8 @@ class FastReads:
     def _batch_ids(raw: bytes) -> list[str]:
         """api.BatchRequest's rules: exactly {"post_ids": [1..50 valid ids]}."""
         try:
-            doc = json.loads(raw)
-        except Exception:  # not only ValueError: a deeply nested body is a RecursionError
+            doc = orjson.loads(raw)
+        except Exception:  # orjson.JSONDecodeError, also for a too deeply nested body
             raise _PassOn from None
         if type(doc) is not dict or len(doc) != 1:
             raise _PassOn

@@ -128,11 +128,11 @@ class HotPoolCountCache:
             elif locally and self.pools:
                 hot[p] = self.pools
                 LOCALLY_HOT.inc()
+        if not hot:  # the common case: nothing hot on the page
+            return await self.inner.aggregates(post_ids)
         hot_ids = list(hot)
-        got: dict[str, Aggregate] = {}
-        if hot_ids:
-            found = await asyncio.gather(*(self._replica(p, hot[p]) for p in hot_ids))
-            got = {p: a for p, a in zip(hot_ids, found, strict=True) if a is not None}
+        found = await asyncio.gather(*(self._replica(p, hot[p]) for p in hot_ids))
+        got = {p: a for p, a in zip(hot_ids, found, strict=True) if a is not None}
         rest = [p for p in post_ids if p not in got]
         inner = await self.inner.aggregates(rest) if rest else []
         from_inner = dict(zip(rest, inner, strict=True))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from cassandra import ConsistencyLevel
 from cassandra import Unavailable as CassandraUnavailable
 from cassandra.cluster import Cluster, ResponseFuture, Session
@@ -53,7 +53,7 @@ def parse_aggregate(values: Sequence[Any]) -> Aggregate | None:
         return None
     reactions: dict[str, int] = {}
     try:
-        raw = json.loads(values[1] or "{}")
+        raw = orjson.loads(values[1] or b"{}")
         if isinstance(raw, dict):
             reactions = {str(r): int(c) for r, c in raw.items()}
     except (ValueError, TypeError):
@@ -83,7 +83,10 @@ class RedisCountCache:
 
     async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:
         if len(post_ids) == 1:
-            raw = await self.rc.hmget(keys.count_key(post_ids[0]), AGGREGATE_FIELDS)
+            # execute_command, not hmget(): the same HMGET without its argument reshaping
+            raw = await self.rc.execute_command(
+                "HMGET", keys.count_key(post_ids[0]), *AGGREGATE_FIELDS
+            )
             return [parse_aggregate(raw)]
         return await self._pipelined(
             [("HMGET", keys.count_key(p), *AGGREGATE_FIELDS) for p in post_ids], parse_aggregate

@@ -256,7 +256,7 @@ async def test_a_fresh_answer_refreshes_the_last_good_value(
 def test_last_good_is_a_bounded_lru(clock: Clock) -> None:
     lg = LastGood(clock=clock, capacity=2)
     for p in ("a", "b", "c"):
-        lg.put(CountView(p, 1, {}, 0, False, "aggregate"))
+        lg.put([CountView(p, 1, {}, 0, False, "aggregate")])
     assert len(lg) == 2 and lg.get("a") is None and lg.get("c") is not None
 
 
@@ -277,7 +277,7 @@ async def test_a_batch_keeps_request_order_and_reads_duplicates_once(
 
 
 def test_degraded_uses_the_last_good_value_or_null(reader: Reader) -> None:
-    reader.last_good.put(CountView("p", 3, {}, 9, False, "aggregate"))
+    reader.last_good.put([CountView("p", 3, {}, 9, False, "aggregate")])
     a, b = reader.degraded(["p", "q"])
     assert (a.count, a.stale, a.last_fresh_ms) == (3, True, 9)
     assert (b.count, b.stale) == (None, True)

@@ -33,7 +33,7 @@ def app_with(reader: Reader | None) -> FastAPI:
 
 def test_an_exception_is_a_stale_200_with_the_last_good_value() -> None:
     lg = LastGood()
-    lg.put(CountView("p1", 7, {"like": 7}, 123, False, "aggregate"))
+    lg.put([CountView("p1", 7, {"like": 7}, 123, False, "aggregate")])
     reader = Reader(cache=None, store=None, last_good=lg)  # type: ignore[arg-type]
     c = TestClient(app_with(reader), raise_server_exceptions=False)
     r = c.get("/v1/posts/p1/likes")

@@ -33,7 +33,7 @@ def test_tracing_is_off_without_an_endpoint_and_spans_requests_with_one() -> Non
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     # before any provider: the default no-op tracer records nothing
     assert not trace.get_tracer("x").start_span("probe").is_recording()
-    trace.set_tracer_provider(provider)
+    observability.install_tracer_provider(provider)
     with TestClient(app()) as c:
         assert c.get("/v1/posts/p1/likes").status_code == 200
         assert c.get("/v1/posts/down/likes").status_code == 503
