@@ -19,6 +19,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import k8s as kx
+from infra import observability
 from infra import tls as tls_infra
 from services.contracts import etcd as etcd_contract
 from services.contracts import tls
@@ -145,7 +146,9 @@ class Etcd(pulumi.ComponentResource):
                 pod_management_policy="Parallel",
                 selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
                 template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    metadata=kx.meta_v1.ObjectMetaArgs(
+                        labels=lbls, annotations=observability.scrape_annotations(METRICS_PORT)
+                    ),
                     spec=kx.core.PodSpecArgs(
                         service_account_name=name,
                         automount_service_account_token=False,

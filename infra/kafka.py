@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import exporters, observability
 from infra import k8s as kx
 from infra import tls as tls_infra
 from infra.config import Peer
@@ -29,6 +30,8 @@ from services.contracts import kafka as kafka_contract
 API = "kafka.strimzi.io/v1"
 CLUSTER_LABEL = "strimzi.io/cluster"
 INTERNAL_LB = {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}
+# the app.kubernetes.io/name Strimzi gives every Kafka node pod (the scrape labels workload=kafka)
+KAFKA_APP = "kafka"
 DAY_MS = 24 * 3600 * 1000
 # the topics are the services' (defined once, services/contracts/events.py)
 EVENT_TOPICS = events.EVENT_TOPICS
@@ -290,6 +293,16 @@ class Kafka(pulumi.ComponentResource):
                     "authentication": {"type": "scram-sha-512"},
                 }
             )
+        metrics_rules = k8s.core.v1.ConfigMap(
+            f"{name}-metrics",
+            metadata=kx.meta(
+                exporters.KAFKA_METRICS_CONFIG_MAP,
+                ns,
+                kx.labels(exporters.KAFKA_METRICS_CONFIG_MAP, "metrics", "datastore"),
+            ),
+            data={exporters.KAFKA_METRICS_KEY: exporters.KAFKA_JMX_RULES.read_text()},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         kafka = k8s.apiextensions.CustomResource(
             f"{name}-cluster",
             api_version=API,
@@ -314,6 +327,16 @@ class Kafka(pulumi.ComponentResource):
                         # Consumers fetch from the replica in their own zone (no cross-AZ bytes).
                         "replica.selector.class": RACK_AWARE_SELECTOR,
                     },
+                    # the Prometheus JMX exporter agent in every node, on port 9404
+                    "metricsConfig": {
+                        "type": "jmxPrometheusExporter",
+                        "valueFrom": {
+                            "configMapKeyRef": {
+                                "name": exporters.KAFKA_METRICS_CONFIG_MAP,
+                                "key": exporters.KAFKA_METRICS_KEY,
+                            }
+                        },
+                    },
                     "template": {
                         "externalBootstrapService": {"metadata": {"annotations": INTERNAL_LB}},
                         "perPodService": {"metadata": {"annotations": INTERNAL_LB}},
@@ -322,7 +345,7 @@ class Kafka(pulumi.ComponentResource):
                 "entityOperator": {"topicOperator": {}, "userOperator": {}},
             },
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[*args.depends_on, *pools, listener_cert]
+                parent=self, depends_on=[*args.depends_on, *pools, listener_cert, metrics_rules]
             ),
         )
         after_kafka = pulumi.ResourceOptions(parent=self, depends_on=[kafka])
@@ -427,6 +450,13 @@ class Kafka(pulumi.ComponentResource):
         spec: dict[str, Any],
         opts: pulumi.ResourceOptions,
     ) -> k8s.apiextensions.CustomResource:
+        # every node serves the JMX exporter's metrics (the Kafka CR's metricsConfig); the pods
+        # job scrapes them by these annotations. Strimzi names its node pods `kafka` already: the
+        # label is repeated so the render says which workload the scrape labels them as.
+        spec["template"]["pod"]["metadata"] = {
+            "labels": {observability.NAME_LABEL: KAFKA_APP},
+            "annotations": observability.scrape_annotations(exporters.STRIMZI_METRICS_PORT),
+        }
         return k8s.apiextensions.CustomResource(
             f"pool-{pool}",
             api_version=API,

@@ -29,9 +29,10 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import etcd, gateway, network, platform, schema_registry, scylla
+from infra import etcd, exporters, gateway, network, platform, schema_registry, scylla
 from infra import k8s as kx
 from infra import kafka as kafka_infra
+from infra import observability as obs
 from infra import redis as redis_infra
 from infra.config import Peer
 from services.contracts import workloads
@@ -49,13 +50,13 @@ KUBE_API_HOST, KUBE_API_PORT = kx.KUBE_API_HOST, kx.KUBE_API_PORT
 STRIMZI_CONTROL_PLANE = 9090
 STRIMZI_REPLICATION = 9091
 STRIMZI_AGENT = 8443
-STRIMZI_METRICS = 9404
+STRIMZI_METRICS = exporters.STRIMZI_METRICS_PORT
 CONNECT_REST = 8083
 KAFKA_PEERS_PORT = kafka_infra.PEER_PORT  # the listener the peer regions' MirrorMaker 2 pulls from
 # Scylla: inter-node (plain and TLS), Prometheus metrics, and the manager agent's API, which the
 # Scylla Operator calls (scyllaclient's default port).
 SCYLLA_INTERNODE = (7000, 7001)
-SCYLLA_METRICS = 9180
+SCYLLA_METRICS = exporters.SCYLLA_METRICS_PORT
 SCYLLA_AGENT = 10001
 REDIS_CLUSTERS = ("count-cache", "idem-store")  # infra/redis.py's cluster roles
 OPERATOR_WEBHOOKS = (platform.CERT_MANAGER_WEBHOOK_PORT, platform.SCYLLA_WEBHOOK_PORT)
@@ -240,6 +241,10 @@ class Table:
         # operator's does not): Prometheus discovers them and scrapes their metrics port
         for w in workloads.SERVICES:
             out.append(Flow(prometheus, self.workload(w), (w.ops_port,), "scrape"))
+        # Prometheus and Alertmanager carry the scrape annotations too (their own metrics)
+        out.append(Flow(prometheus, prometheus, (obs.PROMETHEUS_PORT,), "scrape"))
+        alertmanager = self.app(a.observability_namespace, "alertmanager")
+        out.append(Flow(prometheus, alertmanager, (obs.ALERTMANAGER_PORT,), "scrape"))
         out += self._datastores(prometheus)
         out += self._operators()
         return out
@@ -271,6 +276,11 @@ class Table:
             ports = (redis_infra.PORT, redis_infra.BUS_PORT)
             yield Flow(nodes, nodes, ports, "replication and the cluster bus")
             yield Flow(self.app(data, f"{role}-create"), nodes, (redis_infra.PORT,), "create")
+        exporter = self.app(data, exporters.REDIS_EXPORTER)
+        yield Flow(prometheus, exporter, (exporters.REDIS_EXPORTER_PORT,), "scrape")
+        for component in redis_infra.COMPONENTS:
+            servers = Pods.of(data, {redis_infra.ROLE_LABEL: component}, f"redis-{component}")
+            yield Flow(exporter, servers, (redis_infra.PORT,), "the exporter's scrapes")
         members = self.app(data, "etcd")
         yield Flow(members, members, (etcd.PEER_PORT,), "raft")
         yield Flow(self.app(data, "etcd-auth"), members, (etcd.CLIENT_PORT,), "auth setup Job")

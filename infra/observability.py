@@ -14,7 +14,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import alert_rules, otel_config
+from infra import alert_rules, exporters, otel_config
 from infra import k8s as kx
 
 OTLP_GRPC = 4317
@@ -68,6 +68,13 @@ SCRAPE_ANNOTATION = "prometheus.io/scrape"
 PORT_ANNOTATION = "prometheus.io/port"
 PATH_ANNOTATION = "prometheus.io/path"
 NAME_LABEL = "app.kubernetes.io/name"
+# annotations whose value is a port of the pod: the local stack replaces them with its own ports
+PORT_ANNOTATIONS = (PORT_ANNOTATION, exporters.REDIS_PORT_ANNOTATION)
+
+
+def scrape_annotations(port: int, path: str = "/metrics") -> dict[str, str]:
+    """What opts a pod into the `pods` job: scraped at `port` and `path`."""
+    return {SCRAPE_ANNOTATION: "true", PORT_ANNOTATION: str(port), PATH_ANNOTATION: path}
 
 
 def sd_label(kind: str, name: str) -> str:
@@ -107,6 +114,8 @@ class ObservabilityArgs:
     scrape_namespaces: Sequence[str]
     receivers: AlertReceivers
     storage_class: str = "gp3"
+    # host:port of the multi-target redis_exporter (infra/redis.py); None: Redis is not scraped
+    redis_exporter: str | None = None
 
 
 def loadbalancer_config(sampler_service: str) -> dict[str, Any]:
@@ -173,14 +182,10 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
                         "replacement": "$1:$2",
                         "target_label": "__address__",
                     },
-                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                    {
-                        "source_labels": [sd_label("label", NAME_LABEL)],
-                        "target_label": alert_rules.WORKLOAD_LABEL,
-                    },
+                    *_target_labels(),
                 ],
-            }
+            },
+            *_redis_jobs(args),
         ],
         "remote_write": [
             {
@@ -189,6 +194,54 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
             }
         ],
     }
+
+
+def _target_labels() -> list[dict[str, Any]]:
+    """The labels every target gets from its pod: namespace, pod, workload."""
+    return [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {
+            "source_labels": [sd_label("label", NAME_LABEL)],
+            "target_label": alert_rules.WORKLOAD_LABEL,
+        },
+    ]
+
+
+def _redis_jobs(args: ObservabilityArgs) -> list[dict[str, Any]]:
+    """Every annotated Redis pod, scraped through the one multi-target exporter
+    (infra/exporters.py): the target is the Redis address, the scrape goes to the exporter, and
+    `instance` names the Redis, not the exporter."""
+    if args.redis_exporter is None:
+        return []
+    return [
+        {
+            "job_name": exporters.REDIS_JOB,
+            "metrics_path": exporters.REDIS_SCRAPE_PATH,
+            "kubernetes_sd_configs": [
+                {"role": "pod", "namespaces": {"names": list(args.scrape_namespaces)}}
+            ],
+            "relabel_configs": [
+                {
+                    "source_labels": [sd_label("annotation", exporters.REDIS_SCRAPE_ANNOTATION)],
+                    "regex": "true",
+                    "action": "keep",
+                },
+                {
+                    "source_labels": [
+                        "__address__",
+                        sd_label("annotation", exporters.REDIS_PORT_ANNOTATION),
+                    ],
+                    "regex": "([^:]+)(?::\\d+)?;(\\d+)",
+                    "replacement": "redis://$1:$2",
+                    "target_label": "__param_target",
+                },
+                {"source_labels": ["__param_target"], "target_label": "instance"},
+                {"target_label": "__address__", "replacement": args.redis_exporter},
+                *_target_labels(),
+            ],
+        }
+    ]
 
 
 def alertmanager_config(has_pager: bool, receivers: AlertReceivers) -> dict[str, Any]:
@@ -370,6 +423,7 @@ class Observability(pulumi.ComponentResource):
             uid=65534,
             extra_mounts=[("rules", RULES_CONFIG_MAP, "/etc/prometheus/rules")],
             service_account_rbac=True,
+            scrape_port=PROMETHEUS_PORT,  # its own TSDB, rule evaluation and scrape health
         )
         has_pager = args.pagerduty_routing_key is not None
         extra: list[tuple[str, str, str]] = []
@@ -407,6 +461,7 @@ class Observability(pulumi.ComponentResource):
             resources=kx.resources("100m", "256Mi", cpu_limit="500m"),
             uid=65534,
             extra_mounts=extra,
+            scrape_port=ALERTMANAGER_PORT,  # notifications sent and failed, per integration
         )
         # the services export with the OTLP/HTTP SDK: the full traces URL of the HTTP receiver
         self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_HTTP}/v1/traces"
@@ -480,6 +535,7 @@ class Observability(pulumi.ComponentResource):
         liveness: kx.core.ProbeArgs | None = None,
         extra_mounts: Sequence[tuple[str, str, str]] = (),
         service_account_rbac: bool = False,
+        scrape_port: int | None = None,
     ) -> None:
         ns = self._args.namespace
         child = pulumi.ResourceOptions(parent=self)
@@ -494,6 +550,7 @@ class Observability(pulumi.ComponentResource):
         volumes, mounts = self._volumes(extra_mounts)
         volumes.append(kx.config_volume("config", config_map_name(app)))
         vol_name, vol_path, size = storage
+        annotations = None if scrape_port is None else scrape_annotations(scrape_port)
         container = kx.core.ContainerArgs(
             name=app,
             image=image,
@@ -518,7 +575,7 @@ class Observability(pulumi.ComponentResource):
                 pod_management_policy="Parallel",
                 selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
                 template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls, annotations=annotations),
                     spec=kx.core.PodSpecArgs(
                         service_account_name=app,
                         automount_service_account_token=service_account_rbac,

@@ -184,8 +184,14 @@ def main() -> None:
             pagerduty_routing_key=pulumi.Output.secret(cfg.pagerduty_routing_key.get_secret_value())
             if cfg.pagerduty_routing_key
             else None,
-            scrape_namespaces=[platform.NS_APPS, platform.NS_EDGE, platform.NS_DATA],
+            scrape_namespaces=[
+                platform.NS_APPS,
+                platform.NS_EDGE,
+                platform.NS_DATA,
+                platform.NS_OBSERVABILITY,  # Prometheus and Alertmanager scrape themselves
+            ],
             receivers=observability.AlertReceivers(o.ticket_webhook_url, o.heartbeat_url),
+            redis_exporter=store.exporter,
         ),
         pulumi.ResourceOptions(
             providers=[eks.provider], depends_on=[ns[platform.NS_OBSERVABILITY]]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import exporters, observability
 from infra import k8s as kx
 from services.contracts import keys
 
@@ -28,6 +29,8 @@ REDIS_UID = 999  # the official image's redis user
 AUTH_SECRET = "redis-auth"
 AUTH_CONF_KEY = "auth.conf"  # the Secret's key holding `requirepass`/`masterauth` lines
 AUTH_CONF_DIR = "/etc/redis-auth"
+ROLE_LABEL = "likes.io/redis-role"  # on every Redis pod: one of COMPONENTS
+COMPONENTS = ("count-cache", "idem-store", "hot-pool")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class _Role:
 
 
 class Redis(pulumi.ComponentResource):
+    exporter: str  # the multi-target redis_exporter, host:port
     count_cache_seeds: str
     idem_store_seeds: str
     hot_pool_endpoints: list[str]
@@ -162,6 +166,7 @@ class Redis(pulumi.ComponentResource):
         ]
         for role in roles:
             self._role(role, secret)
+        self.exporter = self._exporter(secret)
         suffix = f"{args.namespace}.svc.cluster.local:{PORT}"
         self.count_cache_seeds = f"count-cache.{suffix}"
         self.idem_store_seeds = f"idem-store.{suffix}"
@@ -171,6 +176,7 @@ class Redis(pulumi.ComponentResource):
         ]
         self.register_outputs(
             {
+                "exporter": self.exporter,
                 "count_cache_seeds": self.count_cache_seeds,
                 "idem_store_seeds": self.idem_store_seeds,
                 "hot_pool_endpoints": self.hot_pool_endpoints,
@@ -182,7 +188,7 @@ class Redis(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         lbls = {
             **kx.labels(role.name, role.component, "datastore"),
-            "likes.io/redis-role": role.component,
+            ROLE_LABEL: role.component,
         }
         match = kx.selector(role.name)
         config_map = k8s.core.v1.ConfigMap(
@@ -243,8 +249,12 @@ class Redis(pulumi.ComponentResource):
                 template=kx.core.PodTemplateSpecArgs(
                     metadata=kx.meta_v1.ObjectMetaArgs(
                         labels=lbls,
-                        # Roll pods when the config changes (a ConfigMap edit alone does not).
-                        annotations={"likes.io/config-sha": _sha(role.conf)},
+                        annotations={
+                            # Roll pods when the config changes (a ConfigMap edit alone does not).
+                            "likes.io/config-sha": _sha(role.conf),
+                            # scraped through the multi-target exporter (infra/exporters.py)
+                            **exporters.redis_annotations(PORT),
+                        },
                     ),
                     spec=kx.core.PodSpecArgs(
                         service_account_name=role.name,
@@ -275,6 +285,52 @@ class Redis(pulumi.ComponentResource):
         )
         if role.cluster:
             self._cluster_job(role, lbls, sts)
+
+    def _exporter(self, secret: k8s.core.v1.Secret) -> str:
+        """One redis_exporter in multi-target mode for every Redis here (infra/exporters.py);
+        its host:port, for Prometheus's `redis` job. It logs in with the shared password, from
+        the Secret (env REDIS_PASSWORD, never argv)."""
+        ns, name, port = self._ns, exporters.REDIS_EXPORTER, exporters.REDIS_EXPORTER_PORT
+        lbls = kx.labels(name, "metrics", "datastore")
+        match = kx.selector(name)
+        child = pulumi.ResourceOptions(parent=self)
+        kx.service_account(name, ns, lbls, child)
+        kx.headless_service(name, ns, lbls, match, {"metrics": port}, child, headless=False)
+        container = kx.core.ContainerArgs(
+            name=name,
+            image=exporters.REDIS_EXPORTER_IMAGE,
+            args=[
+                f"--web.listen-address=:{port}",
+                "--redis.addr=",  # no default target: only what /scrape?target= names
+                "--include-system-metrics",  # total_system_memory_bytes: utilization
+            ],
+            env=[kx.secret_env("REDIS_PASSWORD", AUTH_SECRET, "password")],
+            ports=[kx.core.ContainerPortArgs(name="metrics", container_port=port)],
+            resources=kx.resources("50m", "64Mi", cpu_limit="500m"),
+            liveness_probe=kx.http_probe("/health", port),
+            readiness_probe=kx.http_probe("/health", port),
+            security_context=kx.security(),
+        )
+        k8s.apps.v1.Deployment(
+            name,
+            metadata=kx.meta(name, ns, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=1,
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                strategy=kx.rolling_update(),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name=name,
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(),
+                        containers=[container],
+                    ),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[secret]),
+        )
+        return observability.in_cluster(name, ns, port)
 
     def _cluster_job(self, role: _Role, lbls: dict[str, str], sts: pulumi.Resource) -> None:
         """Form the Redis Cluster once; a rerun sees `cluster_state:ok` and does nothing."""

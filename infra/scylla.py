@@ -22,6 +22,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import exporters, observability
 from infra import k8s as kx
 from infra import tls as tls_infra
 from services.contracts import tls
@@ -32,6 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CQL_DIR = REPO_ROOT / "services" / "schema" / "cql"
 CQL_MOUNT = "/schema/cql"
 CQL_PORT = 9042  # the native protocol port clients connect to
+SCYLLA_APP = "scylla"  # the app.kubernetes.io/name the Scylla Operator gives member pods
 CONFIG_MAP = "scylla-config"  # the racks' scyllaConfig: scylla.yaml overrides
 TLS_DIR = "/etc/scylla/tls"  # each member's certificate Secret (tls.SCYLLA)
 # Merged over the image's scylla.yaml by the operator. Nothing secret in it (the key is a file).
@@ -131,6 +133,13 @@ class Scylla(pulumi.ComponentResource):
             for zone in args.zones
         ]
         spec: dict[str, object] = {
+            # the Scylla Operator labels and annotates its pods this way itself (scylla-operator
+            # pkg/controller/scylladbdatacenter/resource.go); said here so the render shows the
+            # scrape the pods job makes of Scylla's native metrics
+            "podMetadata": {
+                "labels": {observability.NAME_LABEL: SCYLLA_APP},
+                "annotations": observability.scrape_annotations(exporters.SCYLLA_METRICS_PORT),
+            },
             "version": args.version,
             "repository": "docker.io/scylladb/scylla",
             "automaticOrphanedNodeCleanup": True,

@@ -130,11 +130,9 @@ class Services(pulumi.ComponentResource):
                 template=kx.core.PodTemplateSpecArgs(
                     metadata=kx.meta_v1.ObjectMetaArgs(
                         labels=lbls,
-                        annotations={
-                            observability.SCRAPE_ANNOTATION: "true",
-                            observability.PORT_ANNOTATION: str(ops_port),
-                            observability.PATH_ANNOTATION: workloads.METRICS_PATH,
-                        },
+                        annotations=observability.scrape_annotations(
+                            ops_port, workloads.METRICS_PATH
+                        ),
                     ),
                     spec=kx.core.PodSpecArgs(
                         service_account_name=spec.name,

@@ -77,6 +77,18 @@ class Ports:
         return self._p(7249)
 
     @property
+    def cassandra_metrics(self) -> int:
+        return self._p(9180)  # the JMX exporter agent's; Scylla's own metrics port in production
+
+    @property
+    def kafka_metrics(self) -> list[int]:
+        return [self._p(9404 + i) for i in range(3)]  # each broker's JMX exporter agent
+
+    @property
+    def redis_exporter(self) -> int:
+        return self._p(9121)  # one redis_exporter, multi-target, for every Redis of the stack
+
+    @property
     def schema_registry(self) -> int:
         return self._p(8081)
 

@@ -41,6 +41,21 @@ class Rendered:
         return next((p for p in self.pods if p.name == name), None)
 
 
+def _pod_metadata(resource: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod template's metadata of a workload (a Deployment, StatefulSet or DaemonSet, or an
+    operator's resource whose pods take it: Strimzi's KafkaNodePool, the ScyllaCluster)."""
+    inputs = resource["inputs"]
+    spec = inputs.get("spec") or {}
+    kind = inputs.get("kind") or resource["type"].rsplit(":", 1)[-1]
+    if kind in _WORKLOAD_KINDS:
+        return dict(spec.get("template", {}).get("metadata", {}))
+    if kind == "KafkaNodePool":
+        return dict(spec.get("template", {}).get("pod", {}).get("metadata", {}))
+    if kind == "ScyllaCluster":
+        return dict(spec.get("podMetadata", {}))
+    return None
+
+
 def from_plan(p: plan.Plan) -> Rendered:
     """The observability configs and pod templates of one plan (the infra tests' entry)."""
     return from_resources([r.as_json() | {"type": r.type} for r in p.resources])
@@ -58,9 +73,9 @@ def from_resources(resources: list[dict[str, Any]]) -> Rendered:
 
     pods = []
     for r in resources:
-        if r["inputs"].get("kind") not in _WORKLOAD_KINDS:
+        template = _pod_metadata(r)
+        if template is None:
             continue
-        template = r["inputs"].get("spec", {}).get("template", {}).get("metadata", {})
         ns = r["inputs"].get("metadata", {}).get("namespace", "default")
         pods.append(Pod(ns, template.get("labels") or {}, template.get("annotations") or {}))
     return Rendered(

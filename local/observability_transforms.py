@@ -6,9 +6,13 @@ program renders (local/rendered.py). Everything not listed runs as rendered.
    file_sd target with the `__meta_kubernetes_*` labels Kubernetes SD would give the rendered pod
    of that workload (namespace, pod name, pod labels, annotations), so the rendered relabeling
    runs unchanged. Only the one in-cluster fact is replaced: the prometheus.io/port annotation
-   carries the local port. Only pods in the namespaces the rendered SD watches are listed.
-2. Prometheus: in-cluster addresses -> local ones, from an explicit table (an address missing
-   from it is an error, not a silent skip).
+   carries the local port (as does every annotation of obs.PORT_ANNOTATIONS). Only pods in the
+   namespaces the rendered SD watches are listed. Operators' custom resources (Strimzi's
+   KafkaNodePool, the ScyllaCluster) count as workloads: their pod templates are what the
+   operators' pods carry.
+2. Prometheus: in-cluster addresses (Alertmanager, the fixed `__address__` of a job scraping
+   through an exporter) -> local ones, from an explicit table (an address missing from it is an
+   error, not a silent skip).
 3. Prometheus: `remote_write` dropped (no Mimir locally).
 4. Prometheus: `rule_files` -> the local copy of the rendered rules ConfigMap.
 5. Alertmanager: every receiver's integrations (PagerDuty, webhooks) -> one webhook to the local
@@ -33,8 +37,9 @@ class TransformError(Exception):
 def sd_labels(pod: Pod, pod_name: str, port: int) -> dict[str, str]:
     """What Kubernetes SD (role: pod) attaches to a target of this pod listening on `port`."""
     annotations = dict(pod.annotations)
-    if obs.PORT_ANNOTATION in annotations:
-        annotations[obs.PORT_ANNOTATION] = str(port)  # the local port, not the pod's
+    for name in obs.PORT_ANNOTATIONS:
+        if name in annotations:
+            annotations[name] = str(port)  # the local port, not the pod's
     out = {"__meta_kubernetes_namespace": pod.namespace, "__meta_kubernetes_pod_name": pod_name}
     for kind, values in (("label", pod.labels), ("annotation", annotations)):
         for name, value in values.items():
@@ -80,6 +85,10 @@ def prometheus(
             file_sd.append({"files": [str(path)]})
         if file_sd:
             scrape["file_sd_configs"] = file_sd
+        for relabel in scrape.get("relabel_configs") or []:
+            # a fixed __address__ (the multi-target exporter the `redis` job scrapes through)
+            if relabel.get("target_label") == "__address__" and "source_labels" not in relabel:
+                relabel["replacement"] = _local(relabel["replacement"], addresses)
     for am in (cfg.get("alerting") or {}).get("alertmanagers") or []:
         for static in am.get("static_configs") or []:
             static["targets"] = [_local(t, addresses) for t in static.get("targets") or []]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One setup path for a fresh machine, safe to rerun: Debian packages, the Python environment
-# (.venv), and the Maven artifacts of Kafka and Cassandra. pip's and Maven's caches are reused.
+# (.venv), and the Maven artifacts of Kafka, Cassandra and the JMX exporter agent. pip's and
+# Maven's caches are reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,7 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+command -v prometheus-redis-exporter >/dev/null || need+=(prometheus-redis-exporter)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v make >/dev/null || need+=(make)
@@ -28,7 +30,7 @@ if [ ${#need[@]} -gt 0 ]; then
     "${need[@]}" >/dev/null
   # Debian may have started its own copies; they listen on default ports we do not use, but
   # they are not ours to keep running on a dev box
-  for svc in redis-server etcd prometheus prometheus-alertmanager; do
+  for svc in redis-server etcd prometheus prometheus-alertmanager prometheus-redis-exporter; do
     $SUDO service "$svc" stop >/dev/null 2>&1 || true
   done
 else
@@ -52,8 +54,9 @@ else
   say "Python environment up to date"
 fi
 
-# 3. Maven: resolve the Kafka and Cassandra classpaths (jars land in ~/.m2, reused next time).
-say "resolving Kafka and Cassandra from Maven Central"
+# 3. Maven: resolve the Kafka and Cassandra classpaths (jars land in ~/.m2, reused next time)
+# and the JMX exporter agent both load.
+say "resolving Kafka, Cassandra and the JMX exporter agent from Maven Central"
 .venv/bin/python -m local.maven kafka cassandra
 # 4. envoyproxy/ratelimit, built from the commit the program deploys (infra/gateway.py pins it), into
 #    a repo-local GOBIN that survives `down --wipe`; skipped when that exact version is installed.

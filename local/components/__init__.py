@@ -40,6 +40,7 @@ def build(layout: Layout, strict: bool = True) -> list[Component]:
         etcd.Etcd(layout),
         redis.IdemStore(layout),
         redis.CountCache(layout),
+        redis.Exporter(layout),
         kafka.Kafka(layout),
         cassandra.Cassandra(layout),
         schema_registry.SchemaRegistry(layout),
@@ -51,7 +52,11 @@ def build(layout: Layout, strict: bool = True) -> list[Component]:
     ]
 
     def targets() -> dict[str, list[str]]:
-        return {c.name: c.metrics_targets() for c in comps}
+        out: dict[str, list[str]] = {}
+        for c in comps:
+            for workload, addresses in c.scrape_targets().items():
+                out.setdefault(workload, []).extend(addresses)
+        return out
 
     comps.append(observability.Prometheus(layout, targets))
     return comps

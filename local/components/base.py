@@ -42,6 +42,7 @@ class Component(abc.ABC):
 
     name: str = ""
     requires: tuple[str, ...] = ()
+    plays: str | None = None  # the rendered workload this stands in for, when not `name`
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -57,8 +58,14 @@ class Component(abc.ABC):
         """Run once every server answers (cluster create, topics, schema). Must be idempotent."""
 
     def metrics_targets(self) -> list[str]:
-        """host:port endpoints serving Prometheus metrics at /metrics, for the scrape config."""
+        """host:port endpoints the scrape config lists for this component: a server's own
+        metrics (the pods job), or a Redis the exporter scrapes for the `redis` job."""
         return []
+
+    def scrape_targets(self) -> dict[str, list[str]]:
+        """metrics_targets() by the rendered workload they play (its app.kubernetes.io/name):
+        the component's own name unless `plays` says which workload it stands in for."""
+        return {self.plays or self.name: self.metrics_targets()}
 
 
 def tcp_probe(host: str, port: int, timeout: float = 1.0) -> None:

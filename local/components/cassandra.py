@@ -22,6 +22,7 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.policies import WhiteListRoundRobinPolicy
 
+from infra import exporters, scylla
 from local import maven
 from local import tls as local_tls
 from local.components.base import Component, ProbeFailed, Server, tcp_probe
@@ -158,6 +159,7 @@ def connect(
 
 class Cassandra(Component):
     name = "cassandra"
+    plays = scylla.SCYLLA_APP  # the program's Scylla: scraped as workload=scylla
     requires = ()
 
     # -- paths -----------------------------------------------------------------------------
@@ -198,6 +200,9 @@ class Cassandra(Component):
     def jmx_port(self) -> int:
         return self.layout.ports.cassandra_jmx
 
+    def metrics_targets(self) -> list[str]:
+        return [f"{HOST}:{self.layout.ports.cassandra_metrics}"]
+
     # -- servers ---------------------------------------------------------------------------
     def servers(self) -> list[Server]:
         # Cheap on purpose (status calls it): the classpath sits in the argfile, not resolved here.
@@ -217,6 +222,9 @@ class Cassandra(Component):
             f"-Dcassandra.jmx.local.port={self.jmx_port}",
             # RMI objects on the same port (as cassandra-env.sh does), not on a random one
             f"-Dcom.sun.management.jmxremote.rmi.port={self.jmx_port}",
+            # Scylla's metrics port, served by the JMX exporter agent (infra/exporters.py)
+            f"-javaagent:{maven.jar_path(exporters.JMX_AGENT)}="
+            f"{HOST}:{self.layout.ports.cassandra_metrics}:{exporters.CASSANDRA_JMX_RULES}",
             f"@{self._cds_argfile}",
             f"@{self._argfile}",
             MAIN_CLASS,
@@ -246,6 +254,7 @@ class Cassandra(Component):
         )
         _write_if_changed(self.yaml_file, yaml_text)
         classpath = maven.resolve("cassandra")
+        maven.jar(exporters.JMX_AGENT)
         _write_if_changed(self._argfile, f"-cp\n{classpath}\n")
         self._prepare_class_data_sharing(classpath)
 

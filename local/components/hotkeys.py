@@ -36,6 +36,11 @@ class HotPools(Component):
             for i, port in enumerate(hot_pool_ports(self.layout))
         ]
 
+    def scrape_targets(self) -> dict[str, list[str]]:
+        # each pool plays its own rendered StatefulSet (infra/redis.py names them from 0)
+        ports = hot_pool_ports(self.layout)
+        return {f"hot-pool-{i}": [f"{HOST}:{port}"] for i, port in enumerate(ports)}
+
     def prepare(self) -> None:
         self.layout.ensure()
         for port in hot_pool_ports(self.layout):

@@ -36,6 +36,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from infra import exporters
 from local import maven
 from local import tls as local_tls
 from local.components.base import Component, ProbeFailed, Server, wait_until
@@ -173,6 +174,17 @@ class Kafka(Component):
     def _controller_port(self, node: int) -> int:
         return self.layout.ports.kafka_controllers[node - 1]
 
+    def _metrics_port(self, node: int) -> int:
+        return self.layout.ports.kafka_metrics[node - 1]
+
+    @property
+    def _agent(self) -> Path:
+        """The JMX exporter agent's jar (setup.sh fetches it; `servers()` must stay cheap)."""
+        return maven.jar_path(exporters.JMX_AGENT)
+
+    def metrics_targets(self) -> list[str]:
+        return [f"{HOST}:{self._metrics_port(n)}" for n in self.node_ids]
+
     # -- servers ---------------------------------------------------------------------------
     def servers(self) -> list[Server]:
         # Cheap on purpose (status calls it): the classpath sits in the argfile, not resolved here.
@@ -183,6 +195,8 @@ class Kafka(Component):
         argv = [
             "java",
             *JVM_FLAGS,
+            # the program's metricsConfig: the JMX exporter agent with the same rule file
+            f"-javaagent:{self._agent}={HOST}:{self._metrics_port(node)}:{exporters.KAFKA_JMX_RULES}",
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             f"-Dkafka.logs.dir={self.layout.logs}",
             f"@{self._argfile}",
@@ -329,6 +343,7 @@ class Kafka(Component):
         if self.layout.tls:
             local_tls.ensure(self.layout)
         classpath = maven.resolve("kafka")
+        maven.jar(exporters.JMX_AGENT)  # the metrics agent every broker loads
         # java's @argfile syntax: quoted so that a classpath entry may hold spaces
         self._write_if_changed(self._argfile, f'-cp "{classpath}"\n')
         cid = self._cluster_id()

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from infra import exporters, platform
 from infra import observability as obs
-from infra import platform
 from local import observability_render
 from local import observability_transforms as transforms
 from local.components.base import Component, Server, http_probe
@@ -142,7 +142,13 @@ class Prometheus(Component):
     def addresses(self) -> dict[str, str]:
         """In-cluster address -> the local server that plays it (transform 2)."""
         am = obs.in_cluster("alertmanager", platform.NS_OBSERVABILITY, obs.ALERTMANAGER_PORT)
-        return {am: f"{HOST}:{self.layout.ports.alertmanager}"}
+        exporter = obs.in_cluster(
+            exporters.REDIS_EXPORTER, platform.NS_DATA, exporters.REDIS_EXPORTER_PORT
+        )
+        return {
+            am: f"{HOST}:{self.layout.ports.alertmanager}",
+            exporter: f"{HOST}:{self.layout.ports.redis_exporter}",
+        }
 
     def _write(self) -> bool:
         """Write config, rules and targets; True when Prometheus must reload to see them."""

@@ -18,7 +18,8 @@ from typing import Any
 
 import redis
 
-from local.components.base import Component, ProbeFailed, Server, wait_until
+from infra import exporters
+from local.components.base import Component, ProbeFailed, Server, http_probe, wait_until
 from local.layout import HOST, Layout
 from services.contracts import keys
 
@@ -152,6 +153,42 @@ class _Cluster(Component):
 
     def startup_nodes(self) -> list[tuple[str, int]]:
         return [(HOST, p) for p in self.ports()]
+
+    def metrics_targets(self) -> list[str]:
+        # each node, scraped through the exporter (the rendered pods carry its annotations)
+        return [f"{HOST}:{p}" for p in self.ports()]
+
+
+class Exporter(Component):
+    """One redis_exporter (Debian's prometheus-redis-exporter) in multi-target mode, as the
+    program deploys it (infra/exporters.py): Prometheus's `redis` job names the Redis to scrape
+    in each request. It logs in with the stack's password, from its environment."""
+
+    name = exporters.REDIS_EXPORTER
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.layout.ports.redis_exporter}"
+
+    def servers(self) -> list[Server]:
+        binary = shutil.which("prometheus-redis-exporter") or "/usr/bin/prometheus-redis-exporter"
+        argv = [
+            binary,
+            f"--web.listen-address={self.address}",
+            "--redis.addr=",  # no default target: only what /scrape?target= names
+            "--include-system-metrics",
+        ]
+        return [
+            Server(
+                name=self.name,
+                argv=argv,
+                address=self.address,
+                probe=lambda: http_probe(f"http://{self.address}/health"),
+                env={"REDIS_PASSWORD": password(self.layout)},
+                start_timeout=30,
+                stop_timeout=5,
+            )
+        ]
 
 
 class CountCache(_Cluster):

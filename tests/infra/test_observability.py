@@ -19,9 +19,13 @@ from infra import (
     alert_routing,
     alert_rules,
     config,
+    exporters,
+    kafka,
     observability,
     plan,
     platform,
+    redis,
+    scylla,
     stackfile,
 )
 from infra.alert_rules import SERVICE_LABEL, WORKLOAD_LABEL
@@ -137,7 +141,8 @@ def _relabel(labels: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, s
     out = dict(labels)
     for rule in rules:
         action = rule.get("action", "replace")
-        value = rule.get("separator", ";").join(out.get(s, "") for s in rule["source_labels"])
+        sources = rule.get("source_labels", [])
+        value = rule.get("separator", ";").join(out.get(s, "") for s in sources)
         match = re.fullmatch(rule.get("regex", "(.*)"), value)
         if action == "keep":
             if match is None:
@@ -192,7 +197,12 @@ def test_relabeling_keeps_the_service_label_the_code_emits(
         assert final[SERVICE_LABEL] == "from-the-code", (name, final)
         assert f"exported_{SERVICE_LABEL}" not in final
         assert final[WORKLOAD_LABEL] == name
-        assert final["namespace"] == platform.NS_APPS
+        assert final["namespace"] == pod_namespace(plans[stack], name)
+
+
+def pod_namespace(p: plan.Plan, workload: str) -> str:
+    (pod,) = {pod.namespace for pod in _rendered(p).pods if pod.name == workload}
+    return pod
 
 
 def _code_label_names() -> set[str]:
@@ -333,3 +343,94 @@ def test_program_passes_each_stacks_alert_receivers(plans: dict[str, plan.Plan])
         assert urls[observability.TICKET_RECEIVER] == [o["ticketWebhookUrl"]], stack
         if o.get("heartbeatUrl"):
             assert urls[observability.HEARTBEAT_RECEIVER] == [o["heartbeatUrl"]], stack
+
+
+# --- datastores and the metrics plane are scraped (issue 11, item 1) ---------------------------
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_datastore_and_the_metrics_plane_are_scraped_by_the_pods_job(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    names = {name for name, _ in _pod_targets(plans[stack])}
+    expected = {kafka.KAFKA_APP, scylla.SCYLLA_APP, "etcd", "prometheus", "alertmanager"}
+    assert expected <= names, expected - names
+    ports = {
+        pod.name: pod.annotations[observability.PORT_ANNOTATION]
+        for pod in _rendered(plans[stack]).pods
+        if pod.name in expected
+    }
+    assert ports[kafka.KAFKA_APP] == str(exporters.STRIMZI_METRICS_PORT)
+    assert ports[scylla.SCYLLA_APP] == str(exporters.SCYLLA_METRICS_PORT)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_kafka_nodes_run_the_jmx_exporter_with_the_repositorys_rules(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    (cluster,) = [r for r in p.resources if r.inputs.get("kind") == "Kafka"]
+    ref = cluster.inputs["spec"]["kafka"]["metricsConfig"]
+    assert ref["type"] == "jmxPrometheusExporter"
+    key = ref["valueFrom"]["configMapKeyRef"]
+    config_map = named(p, "ConfigMap", key["name"], cluster.inputs["metadata"]["namespace"])
+    text = config_map.inputs["data"][key["key"]]
+    assert text == exporters.KAFKA_JMX_RULES.read_text()
+    rules = yaml.safe_load(text)
+    # an allow-list: a scrape reads only the MBeans the rules use
+    assert rules["includeObjectNames"] and rules["rules"]
+    pools = [r for r in p.resources if r.inputs.get("kind") == "KafkaNodePool"]
+    assert {r.inputs["spec"]["roles"][0] for r in pools} == {"broker", "controller"}
+    for pool in pools:
+        meta = pool.inputs["spec"]["template"]["pod"]["metadata"]
+        assert meta["annotations"] == observability.scrape_annotations(
+            exporters.STRIMZI_METRICS_PORT
+        )
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_redis_is_scraped_through_the_one_exporter(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    p = plans[stack]
+    r = _rendered(p)
+    (job,) = [j for j in r.prometheus["scrape_configs"] if j["job_name"] == exporters.REDIS_JOB]
+    assert job["metrics_path"] == exporters.REDIS_SCRAPE_PATH
+    exporter = named(p, "Deployment", exporters.REDIS_EXPORTER, platform.NS_DATA)
+    (container,) = exporter.inputs["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == exporters.REDIS_EXPORTER_IMAGE
+    (password,) = [e for e in container["env"] if e["name"] == "REDIS_PASSWORD"]
+    assert password["valueFrom"]["secretKeyRef"]["name"] == redis.AUTH_SECRET
+    service = named(p, "Service", exporters.REDIS_EXPORTER, platform.NS_DATA)
+    (port,) = service.inputs["spec"]["ports"]
+    address = observability.in_cluster(exporters.REDIS_EXPORTER, platform.NS_DATA, port["port"])
+    (sd,) = job["kubernetes_sd_configs"]
+    scraped: dict[str, dict[str, str]] = {}
+    for pod in r.pods:
+        if pod.namespace not in sd["namespaces"]["names"]:
+            continue
+        meta = observability_transforms.sd_labels(pod, f"{pod.name}-0", redis.PORT)
+        meta |= {"__address__": f"10.1.2.3:{redis.PORT}"}
+        target = _relabel(meta, job["relabel_configs"])
+        if target is not None:
+            scraped[pod.name] = target
+    roles = {pod.name for pod in r.pods if redis.ROLE_LABEL in pod.labels}
+    assert {"count-cache", "idem-store", "hot-pool-0"} <= roles
+    assert set(scraped) == roles  # every Redis, and nothing else
+    for name, target in scraped.items():
+        assert target["__address__"] == address, name  # the scrape goes to the exporter
+        assert target["__param_target"] == f"redis://10.1.2.3:{redis.PORT}"  # for this Redis
+        assert target["instance"] == target["__param_target"]
+        assert target[WORKLOAD_LABEL] == name and target["namespace"] == platform.NS_DATA
+
+
+def test_the_local_redis_exporter_is_the_version_the_program_runs() -> None:
+    proc = subprocess.run(
+        [tool("prometheus-redis-exporter", "prometheus-redis-exporter"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    found = re.search(r"Exporter v?(\d+\.\d+\.\d+)", proc.stdout + proc.stderr)
+    assert found, proc.stdout + proc.stderr
+    assert exporters.REDIS_EXPORTER_IMAGE.endswith(f":v{found.group(1)}")

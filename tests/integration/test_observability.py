@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from infra import alert_rules, observability, platform
+from infra import alert_rules, exporters, observability, platform
 from infra.alert_rules import SERVICE_LABEL
 from local import observability_render, observability_transforms
 from tests.conftest import Stack
@@ -49,28 +49,99 @@ def test_prometheus_loaded_the_rendered_rule_groups(stack: Stack) -> None:
     assert alert_rules.WATCHDOG in alerting and len(expected) == 11
 
 
-def test_prometheus_scrapes_exactly_the_pods_the_program_annotates(stack: Stack) -> None:
-    jobs = {c.name: c.metrics_targets() for c in stack.supervisor.components.values()}
+def _expected_targets(stack: Stack) -> dict[str, set[str]]:
+    """job -> the instances Prometheus must scrape: every component's targets as the workload it
+    plays, kept as the rendered relabeling keeps them (the pods job: scrape-annotated pods; the
+    redis job: Redis pods, named by their redis:// address)."""
+    jobs: dict[str, list[str]] = {}
+    for c in stack.supervisor.components.values():
+        for workload, addresses in c.scrape_targets().items():
+            jobs.setdefault(workload, []).extend(addresses)
     groups = observability_transforms.file_sd_groups(
         observability_render.load(stack.layout.stack), jobs, None
     )
-    opted_in = {
-        g["targets"][0]
-        for g in groups
-        if g["labels"].get(observability.sd_label("annotation", observability.SCRAPE_ANNOTATION))
-        == "true"
+
+    def opted(g: dict[str, Any], annotation: str) -> bool:
+        return g["labels"].get(observability.sd_label("annotation", annotation)) == "true"
+
+    return {
+        "pods": {g["targets"][0] for g in groups if opted(g, observability.SCRAPE_ANNOTATION)},
+        exporters.REDIS_JOB: {
+            f"redis://{g['targets'][0]}"
+            for g in groups
+            if opted(g, exporters.REDIS_SCRAPE_ANNOTATION)
+        },
     }
-    ports = stack.layout.ports
-    # the ops ports: the API ports need the gateway's client certificate
-    assert {f"{stack.host}:{ports.write_ops}", f"{stack.host}:{ports.read_ops}"} <= opted_in
 
-    def all_up() -> dict[str, str] | None:
+
+def test_prometheus_scrapes_exactly_what_the_program_annotates_and_all_is_up(
+    stack: Stack,
+) -> None:
+    expected = _expected_targets(stack)
+    ports, host = stack.layout.ports, stack.host
+    # the ops ports (the API ports need the gateway's client certificate), every datastore's
+    # exporter and the metrics plane itself
+    assert {
+        f"{host}:{p}"
+        for p in (
+            ports.write_ops,
+            ports.read_ops,
+            ports.etcd_metrics,
+            ports.cassandra_metrics,
+            ports.prometheus,
+            ports.alertmanager,
+            *ports.kafka_metrics,
+        )
+    } <= expected["pods"]
+    redis_ports = (*ports.count_cache, *ports.idem_store, *ports.hot_pools)
+    assert expected[exporters.REDIS_JOB] == {f"redis://{host}:{p}" for p in redis_ports}
+
+    def all_up() -> dict[str, dict[str, str]] | None:
         active = _prometheus(stack, "/api/v1/targets")["activeTargets"]
-        health = {t["labels"]["instance"]: t["health"] for t in active}
-        return health if set(health) == opted_in and set(health.values()) == {"up"} else None
+        health: dict[str, dict[str, str]] = {job: {} for job in expected}
+        for t in active:
+            health.setdefault(t["labels"]["job"], {})[t["labels"]["instance"]] = t["health"]
+        same = {job: set(found) for job, found in health.items()} == expected
+        up = all(set(found.values()) == {"up"} for found in health.values())
+        return health if same and up else None
 
-    health = _eventually(all_up, 90, f"every opted-in target {sorted(opted_in)} up")
-    assert set(health) == opted_in
+    _eventually(all_up, 120, f"every expected target up: {expected}")
+
+
+@pytest.mark.parametrize(
+    ("query", "workloads", "per_workload"),
+    [
+        # the brokers' JMX exporter (infra/jmx/kafka.yaml): 0 on a healthy cluster
+        ("kafka_server_replicamanager_underreplicatedpartitions", ("kafka",), 3),
+        ("kafka_controller_kafkacontroller_activebrokercount", ("kafka",), 3),
+        # Cassandra's (infra/jmx/cassandra.yaml), as the workload it plays
+        ("cassandra_storage_load_bytes", ("scylla",), 1),
+        ('cassandra_clientrequest_latency_seconds{scope="Read",quantile="0.99"}', ("scylla",), 1),
+        # every Redis through the one exporter, 1 = it answered
+        ("redis_up", ("count-cache", "idem-store"), 6),
+        ("redis_up", ("hot-pool-0", "hot-pool-1", "hot-pool-2", "hot-pool-3"), 1),
+        ("etcd_server_has_leader", ("etcd",), 1),
+        ("prometheus_tsdb_head_series", ("prometheus",), 1),
+        ("alertmanager_cluster_enabled", ("alertmanager",), 1),
+    ],
+)
+def test_each_datastore_exporter_serves_its_use_series(
+    stack: Stack, query: str, workloads: tuple[str, ...], per_workload: int
+) -> None:
+    def series() -> dict[str, list[float]] | None:
+        found: dict[str, list[float]] = {}
+        for r in _prometheus(stack, "/api/v1/query", query=query)["result"]:
+            found.setdefault(r["metric"].get(alert_rules.WORKLOAD_LABEL, ""), []).append(
+                float(r["value"][1])
+            )
+        ok = all(len(found.get(w, [])) == per_workload for w in workloads)
+        return found if ok else None
+
+    found = _eventually(series, 90, f"{query}: {per_workload} series for each of {workloads}")
+    if query == "redis_up":
+        assert all(v == 1.0 for w in workloads for v in found[w]), found
+    if query.startswith("kafka_server_replicamanager_underreplicated"):
+        assert found["kafka"] == [0.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("service", [alert_rules.WRITE, alert_rules.READ])

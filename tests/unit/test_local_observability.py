@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infra import exporters
 from infra import observability as obs
 from local import observability_transforms as transforms
 from local import rendered, webhook_sink
@@ -24,7 +25,9 @@ AM_LOCAL = "127.0.0.1:9093"
 SCRAPED = {"prometheus.io/scrape": "true", "prometheus.io/port": "8080", "prometheus.io/path": "/m"}
 
 
-def _render(heartbeat: str | None = "https://hb.example/x") -> Rendered:
+def _render(
+    heartbeat: str | None = "https://hb.example/x", redis_exporter: str | None = None
+) -> Rendered:
     args = obs.ObservabilityArgs(
         namespace="likes-observability",
         cluster_name="c",
@@ -39,6 +42,7 @@ def _render(heartbeat: str | None = "https://hb.example/x") -> Rendered:
         pagerduty_routing_key="k",
         scrape_namespaces=["likes", "likes-data"],
         receivers=obs.AlertReceivers("https://t.example.com/hook", heartbeat),
+        redis_exporter=redis_exporter,
     )
     return Rendered(
         prometheus=obs.prometheus_config(args, AM_IN_CLUSTER),
@@ -55,6 +59,7 @@ def _render(heartbeat: str | None = "https://hb.example/x") -> Rendered:
             Pod("likes", {obs.NAME_LABEL: "aggregator"}, {**SCRAPED, "prometheus.io/port": "9100"}),
             Pod("likes-data", {obs.NAME_LABEL: "etcd"}, {}),
             Pod("likes-observability", {obs.NAME_LABEL: "prometheus"}, {}),
+            Pod("likes-data", {obs.NAME_LABEL: "count-cache"}, exporters.redis_annotations(6379)),
         ],
     )
 
@@ -98,6 +103,34 @@ def test_file_sd_targets_carry_the_labels_kubernetes_sd_would_attach() -> None:
     )
     everywhere = transforms.file_sd_groups(_render(), JOBS, None)
     assert len(everywhere) == 4  # no namespace list: every namespace, as Kubernetes SD does
+
+
+EXPORTER_IN_CLUSTER = obs.in_cluster(exporters.REDIS_EXPORTER, "likes-data", 9121)
+
+
+def test_the_redis_job_asks_the_local_exporter_for_each_local_redis(tmp_path: Path) -> None:
+    r = _render(redis_exporter=EXPORTER_IN_CLUSTER)
+    jobs = {**JOBS, "count-cache": ["127.0.0.1:7001", "127.0.0.1:7002"]}
+    addresses = {AM_IN_CLUSTER: AM_LOCAL, EXPORTER_IN_CLUSTER: "127.0.0.1:9121"}
+    cfg, files = transforms.prometheus(r, jobs, addresses, tmp_path / "rules", tmp_path)
+    _pods, redis_job = cfg["scrape_configs"]
+    assert redis_job["job_name"] == exporters.REDIS_JOB
+    # transform 2: the fixed __address__ is the local exporter; nothing else of the job changed
+    (fixed,) = [c for c in redis_job["relabel_configs"] if "source_labels" not in c]
+    assert fixed == {"target_label": "__address__", "replacement": "127.0.0.1:9121"}
+    (rendered_fixed,) = [
+        c for c in r.prometheus["scrape_configs"][1]["relabel_configs"] if "source_labels" not in c
+    ]
+    assert rendered_fixed["replacement"] == EXPORTER_IN_CLUSTER
+    # transform 1: each local node is a target carrying the local port in its port annotation
+    groups = files[tmp_path / "redis-0.json"]
+    port_label = obs.sd_label("annotation", exporters.REDIS_PORT_ANNOTATION)
+    by_target = {g["targets"][0]: g["labels"] for g in groups}
+    assert by_target["127.0.0.1:7002"][port_label] == "7002"
+    assert by_target["127.0.0.1:7001"]["__meta_kubernetes_pod_name"] == "count-cache-local-0"
+    # without the exporter in the table the transform refuses, rather than scrape nothing
+    with pytest.raises(transforms.TransformError, match="no local server plays"):
+        transforms.prometheus(r, jobs, {AM_IN_CLUSTER: AM_LOCAL}, tmp_path, tmp_path)
 
 
 def _without(cfg: dict[str, Any], *keys: str) -> dict[str, Any]:
