@@ -30,6 +30,8 @@ from infra import (
 )
 from infra.alert_rules import SERVICE_LABEL, WORKLOAD_LABEL
 from local import observability_render, observability_transforms
+from local.components.observability import Prometheus
+from local.layout import Layout, Ports
 from tests.infra.conftest import STACKS, named, tool
 
 STATEFULSET = "kubernetes:apps/v1:StatefulSet"
@@ -99,12 +101,9 @@ def test_rendered_prometheus_config_and_rules_pass_promtool(
     rules_dir.mkdir()
     for name, text in r.rules.items():
         (rules_dir / name).write_text(text)
-    am = observability.in_cluster(
-        "alertmanager", platform.NS_OBSERVABILITY, observability.ALERTMANAGER_PORT
-    )
-    cfg, files = observability_transforms.prometheus(
-        r, {}, {am: "127.0.0.1:9093"}, rules_dir, tmp_path
-    )
+    # the local stack's own table of in-cluster addresses (transform 2)
+    local = Prometheus(Layout(home=tmp_path, ports=Ports()), dict)
+    cfg, files = observability_transforms.prometheus(r, {}, local.addresses(), rules_dir, tmp_path)
     for path, groups in files.items():
         path.write_text(yaml.safe_dump(groups))
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
