@@ -23,11 +23,15 @@ __all__ = [
     "BAD_BIT",
     "BURN_RATE_ALERTS",
     "CDN_PURGE_FAILING",
+    "COUNT_CACHE_REPLICATION",
+    "COUNT_CACHE_SKEW",
     "HOTKEY_OPERATOR",
     "HOTKEY_SAMPLER",
     "OUTBOX_RELAY",
     "OUTBOX_SHARDS_UNOWNED",
     "READ",
+    "REDIS_SHARD_QPS_SKEW",
+    "REPLICATION_LAG_SECONDS",
     "RULES_FILENAME",
     "SERVICE_LABEL",
     "SEVERITIES",
@@ -47,6 +51,8 @@ __all__ = [
     "recording_name",
     "render",
     "rule_groups",
+    "sli_alerts",
+    "sli_rules",
     "write_rules",
 ]
 
@@ -414,6 +420,115 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     ]
 
 
+# --- the seed's SLIs recorded from the datastores' exporters (infra/exporters.py) ------------
+# Each formula is written once, here, and the alert that reads it sits beside it.
+
+REDIS_SHARD_QPS_SKEW = "likes_redis_shard_qps_skew"
+REPLICATION_LAG_SECONDS = "likes_replication_lag_seconds"
+COUNT_CACHE_SKEW = "CountCacheShardSkew"
+COUNT_CACHE_REPLICATION = "CountCacheReplicationLag"
+# the redis job labels each Redis with the workload its pod is (infra/observability.py)
+_COUNT_CACHE = f'{WORKLOAD_LABEL}="count-cache"'
+# commands per second of each count-cache primary (a replica serves no reads here)
+_PRIMARY_OPS = (
+    f"rate(redis_commands_processed_total{{{_COUNT_CACHE}}}[1m])\n"
+    f'  and on (instance) redis_instance_info{{{_COUNT_CACHE},role="master"}}'
+)
+# below this many commands/s in all, skew is noise (one client's retries), not a hot shard
+SKEW_FLOOR_OPS = 100
+SKEW_THRESHOLD = 2.0  # max over mean cannot pass the primaries count: 3 locally, 12 in prod
+REPLICATION_LAG_THRESHOLD_S = 10
+
+
+def sli_rules() -> list[dict[str, Any]]:
+    """redis_shard_qps_skew: the busiest count-cache primary's commands/s over the primaries'
+    mean (1 = even; a hot key that key-splitting and the hot pools missed shows as one shard far
+    above the rest). replication_lag_seconds: per count-cache primary, the worst of its replicas'
+    `lag` (seconds since the replica last acknowledged; a healthy replica acks every second, so
+    0-1): what a failover to that replica would lose. The cross-region cell lag joins it when a
+    second region exists (issue 11)."""
+    return [
+        {
+            "record": REDIS_SHARD_QPS_SKEW,
+            "expr": f"max(\n  {_PRIMARY_OPS}\n)\n/\navg(\n  {_PRIMARY_OPS}\n) > 0",
+            "labels": {WORKLOAD_LABEL: "count-cache"},
+        },
+        {
+            "record": REPLICATION_LAG_SECONDS,
+            "expr": f"max by (instance) (redis_connected_slave_lag_seconds{{{_COUNT_CACHE}}})",
+            "labels": {WORKLOAD_LABEL: "count-cache"},
+        },
+    ]
+
+
+def sli_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """Tickets: a skewed or lagging count-cache degrades reads (a saturated shard's reads fall
+    through to the counter-store; a failover loses the lagged aggregates, which the aggregator's
+    next window rewrites from the cells), it loses no like."""
+    return [
+        {
+            "alert": COUNT_CACHE_SKEW,
+            "expr": (
+                f"{REDIS_SHARD_QPS_SKEW} > {SKEW_THRESHOLD:g}\n"
+                f"and on () sum({_PRIMARY_OPS}) > {SKEW_FLOOR_OPS}"
+            ),
+            "for": "10m",
+            "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: "count-cache"},
+            "annotations": {
+                "summary": "One count-cache primary has served 2x the mean load for 10 minutes",
+                "description": (
+                    "redis_shard_qps_skew {{ $value | humanize }}: a hot post is reaching its "
+                    "shard instead of the hot pools. Check `likes hotkeys` and the sampler."
+                ),
+                **_runbook_annotations("count-cache-shard-skew", runbook_base),
+            },
+        },
+        {
+            "alert": COUNT_CACHE_REPLICATION,
+            "expr": f"max({REPLICATION_LAG_SECONDS}) > {REPLICATION_LAG_THRESHOLD_S}",
+            "for": "5m",
+            "labels": {
+                "severity": SEVERITY_TICKET,
+                SERVICE_LABEL: "count-cache",
+                "reason": "replica-lagging",
+            },
+            "annotations": {
+                "summary": "A count-cache replica has lagged its primary by over 10 s for 5 min",
+                "description": (
+                    "replication_lag_seconds {{ $value }}: a failover now would lose that much "
+                    "of the aggregates (rewritten from the counter-store cells next window)."
+                ),
+                **_runbook_annotations("count-cache-replication-lag", runbook_base),
+            },
+        },
+        {
+            # a primary whose replica is gone reports no lag at all: count the replicas instead
+            "alert": COUNT_CACHE_REPLICATION,
+            "expr": (
+                "min(redis_connected_slaves{"
+                + _COUNT_CACHE
+                + "}\n  and on (instance) redis_instance_info{"
+                + _COUNT_CACHE
+                + ',role="master"}) < 1'
+            ),
+            "for": "5m",
+            "labels": {
+                "severity": SEVERITY_TICKET,
+                SERVICE_LABEL: "count-cache",
+                "reason": "primary-without-replica",
+            },
+            "annotations": {
+                "summary": "A count-cache primary has had no replica for 5 minutes",
+                "description": (
+                    "A second failure of that primary would leave its slots without a node: "
+                    "reads of those posts fall through to the counter-store until it is back."
+                ),
+                **_runbook_annotations("count-cache-replication-lag", runbook_base),
+            },
+        },
+    ]
+
+
 def rule_groups(slos: list[Slo], *, runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
     """A Prometheus rules file: one group per SLO, its recording rules before its alerts (a group
     evaluates in order, so the alerts read this cycle's ratios), then the plain alerts."""
@@ -427,6 +542,7 @@ def rule_groups(slos: list[Slo], *, runbook_base: str = RUNBOOK_BASE) -> dict[st
         }
         for slo in slos
     ]
+    groups.append({"name": "likes-slis", "rules": sli_rules() + sli_alerts(runbook_base)})
     groups.append({"name": "likes-alerts", "rules": plain_alerts(runbook_base)})
     return {"groups": groups}
 

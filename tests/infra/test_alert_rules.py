@@ -28,7 +28,11 @@ from tests.infra.conftest import tool
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / "infra" / "rules"
 UNIT_TESTS = RULES_DIR / "likes.rules.test.yml"
-UNIT_TEST_FILES = (UNIT_TESTS, RULES_DIR / "likes.plain.test.yml")
+UNIT_TEST_FILES = (
+    UNIT_TESTS,
+    RULES_DIR / "likes.plain.test.yml",
+    RULES_DIR / "likes.slis.test.yml",
+)
 
 
 def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -236,7 +240,7 @@ def test_every_alert_names_a_runbook_and_severity() -> None:
 
 def test_recording_rules_exist_for_every_window_an_alert_reads() -> None:
     groups = rule_groups(default_slos())
-    recorded = {(r["record"], r["labels"]["slo"]) for r in _rules(groups) if "record" in r}
+    recorded = {(r["record"], r["labels"].get("slo")) for r in _rules(groups) if "record" in r}
     for slo in default_slos():
         for window in ("5m", "30m", "1h", "6h", "3d"):
             assert (f"slo:sli_error:ratio_rate{window}", slo.name) in recorded
@@ -281,7 +285,7 @@ def test_custom_slo_is_rendered_with_its_own_objective() -> None:
         description="the sampler answers",
         runbook="sampler",
     )
-    (group, _plain) = rule_groups([slo])["groups"]
+    (group, _slis, _plain) = rule_groups([slo])["groups"]
     fast = group["rules"][5]
     assert fast["alert"] == "SamplerAvailabilityBudgetBurn"
     assert "> (14.4 * 0.01)" in fast["expr"]

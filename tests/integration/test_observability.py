@@ -46,7 +46,7 @@ def test_prometheus_loaded_the_rendered_rule_groups(stack: Stack) -> None:
     assert {g["name"] for g in loaded} == {g["name"] for g in program}
     alerting = {r["name"] for g in loaded for r in g["rules"] if r["type"] == "alerting"}
     assert alerting == expected
-    assert alert_rules.WATCHDOG in alerting and len(expected) == 11
+    assert alert_rules.WATCHDOG in alerting and len(expected) == 13
 
 
 def _expected_targets(stack: Stack) -> dict[str, set[str]]:
@@ -120,6 +120,10 @@ def test_prometheus_scrapes_exactly_what_the_program_annotates_and_all_is_up(
         # every Redis through the one exporter, 1 = it answered
         ("redis_up", ("count-cache", "idem-store"), 6),
         ("redis_up", ("hot-pool-0", "hot-pool-1", "hot-pool-2", "hot-pool-3"), 1),
+        # the SLIs recorded from them (infra/alert_rules.py sli_rules): one skew for the
+        # cluster, one replication lag per primary
+        (alert_rules.REDIS_SHARD_QPS_SKEW, ("count-cache",), 1),
+        (alert_rules.REPLICATION_LAG_SECONDS, ("count-cache",), 3),
         ("etcd_server_has_leader", ("etcd",), 1),
         ("prometheus_tsdb_head_series", ("prometheus",), 1),
         ("alertmanager_cluster_enabled", ("alertmanager",), 1),
@@ -140,6 +144,8 @@ def test_each_datastore_exporter_serves_its_use_series(
     found = _eventually(series, 90, f"{query}: {per_workload} series for each of {workloads}")
     if query == "redis_up":
         assert all(v == 1.0 for w in workloads for v in found[w]), found
+    if query == alert_rules.REDIS_SHARD_QPS_SKEW:  # max over mean of 3 primaries
+        assert 1.0 <= found["count-cache"][0] <= 3.0, found
     if query.startswith("kafka_server_replicamanager_underreplicated"):
         assert found["kafka"] == [0.0, 0.0, 0.0]
 
