@@ -293,3 +293,21 @@ def test_custom_slo_is_rendered_with_its_own_objective() -> None:
     assert group["rules"][0]["expr"] == (
         'sum(rate(errors_total[5m])) / sum(rate(requests_total{{a="b"}}[5m]))'
     )
+
+
+RUNBOOKS = REPO / "runbooks"
+
+
+def test_every_alert_has_a_runbook_and_every_runbook_an_alert() -> None:
+    by_slug: dict[str, set[str]] = {}
+    for rule in _rules(rule_groups(default_slos())):
+        if "alert" in rule:
+            by_slug.setdefault(rule["annotations"]["runbook"], set()).add(rule["alert"])
+            # runbook_url resolves to the file, from the repository's root
+            assert (REPO / rule["annotations"]["runbook_url"]).is_file(), rule["alert"]
+    files = {p.stem: p for p in RUNBOOKS.glob("*.md")}
+    assert set(files) == set(by_slug), "a runbook without an alert, or an alert without one"
+    for slug, path in files.items():
+        _, front, body = path.read_text().split("---\n", 2)
+        assert set(yaml.safe_load(front)["alerts"]) == by_slug[slug], slug
+        assert "## What fired" in body and "## User impact" in body, slug
