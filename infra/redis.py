@@ -33,6 +33,11 @@ ROLE_LABEL = "likes.io/redis-role"  # on every Redis pod: one of COMPONENTS
 COMPONENTS = ("count-cache", "idem-store", "hot-pool")
 
 
+def hot_pool(i: int) -> str:
+    """The i-th hot pool's StatefulSet (and app.kubernetes.io/name), from 0."""
+    return f"hot-pool-{i}"
+
+
 @dataclass(frozen=True)
 class RedisArgs:
     namespace: str
@@ -148,7 +153,7 @@ class Redis(pulumi.ComponentResource):
         ]
         roles += [
             _Role(
-                f"hot-pool-{i}",
+                hot_pool(i),
                 "hot-pool",
                 1,  # one addressable server per pool (see the module docstring)
                 max(1, args.count_cache_memory_gi // 4),
@@ -172,7 +177,7 @@ class Redis(pulumi.ComponentResource):
         self.idem_store_seeds = f"idem-store.{suffix}"
         # the pool's one pod by its stable name: writes and reads reach the same server
         self.hot_pool_endpoints = [
-            f"hot-pool-{i}-0.hot-pool-{i}.{suffix}" for i in range(args.hot_pools)
+            f"{hot_pool(i)}-0.{hot_pool(i)}.{suffix}" for i in range(args.hot_pools)
         ]
         self.register_outputs(
             {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infra import redis as redis_infra
 from local.components.base import Component, Server
 from local.components.redis import auth_lines, ping_probe, redis_server_bin
 from local.layout import HOST, Layout
@@ -37,9 +38,9 @@ class HotPools(Component):
         ]
 
     def scrape_targets(self) -> dict[str, list[str]]:
-        # each pool plays its own rendered StatefulSet (infra/redis.py names them from 0)
+        # each pool plays its own rendered StatefulSet
         ports = hot_pool_ports(self.layout)
-        return {f"hot-pool-{i}": [f"{HOST}:{port}"] for i, port in enumerate(ports)}
+        return {redis_infra.hot_pool(i): [f"{HOST}:{port}"] for i, port in enumerate(ports)}
 
     def prepare(self) -> None:
         self.layout.ensure()
