@@ -36,6 +36,9 @@ REDIS_EXPORTER = "redis-exporter"  # its app.kubernetes.io/name and Service name
 REDIS_EXPORTER_PORT = 9121
 # the version Debian ships for the local stack (prometheus-redis-exporter 1.45)
 REDIS_EXPORTER_IMAGE = "oliver006/redis_exporter:v1.45.0"
+# its flags besides the listen address, the same in the program and locally: no default target
+# (only what /scrape?target= names), and total_system_memory_bytes for utilization
+REDIS_EXPORTER_FLAGS = ("--redis.addr=", "--include-system-metrics")
 REDIS_SCRAPE_PATH = "/scrape"  # the multi-target endpoint; /metrics is the exporter's own
 # On a Redis pod: "true" makes the `redis` job scrape it, through the exporter, at this port
 REDIS_SCRAPE_ANNOTATION = "likes.io/redis-scrape"
@@ -46,3 +49,8 @@ REDIS_JOB = "redis"
 def redis_annotations(port: int) -> dict[str, str]:
     """What a Redis pod carries to be scraped by the `redis` job."""
     return {REDIS_SCRAPE_ANNOTATION: "true", REDIS_PORT_ANNOTATION: str(port)}
+
+
+def jmx_agent_flag(jar: Path, host: str, port: int, rules: Path) -> str:
+    """The JVM flag that loads the JMX exporter agent, serving `rules`' metrics on host:port."""
+    return f"-javaagent:{jar}={host}:{port}:{rules}"

@@ -304,11 +304,7 @@ class Redis(pulumi.ComponentResource):
         container = kx.core.ContainerArgs(
             name=name,
             image=exporters.REDIS_EXPORTER_IMAGE,
-            args=[
-                f"--web.listen-address=:{port}",
-                "--redis.addr=",  # no default target: only what /scrape?target= names
-                "--include-system-metrics",  # total_system_memory_bytes: utilization
-            ],
+            args=[f"--web.listen-address=:{port}", *exporters.REDIS_EXPORTER_FLAGS],
             env=[kx.secret_env("REDIS_PASSWORD", AUTH_SECRET, "password")],
             ports=[kx.core.ContainerPortArgs(name="metrics", container_port=port)],
             resources=kx.resources("50m", "64Mi", cpu_limit="500m"),

@@ -223,8 +223,12 @@ class Cassandra(Component):
             # RMI objects on the same port (as cassandra-env.sh does), not on a random one
             f"-Dcom.sun.management.jmxremote.rmi.port={self.jmx_port}",
             # Scylla's metrics port, served by the JMX exporter agent (infra/exporters.py)
-            f"-javaagent:{maven.jar_path(exporters.JMX_AGENT)}="
-            f"{HOST}:{self.layout.ports.cassandra_metrics}:{exporters.CASSANDRA_JMX_RULES}",
+            exporters.jmx_agent_flag(
+                maven.jar_path(exporters.JMX_AGENT),
+                HOST,
+                self.layout.ports.cassandra_metrics,
+                exporters.CASSANDRA_JMX_RULES,
+            ),
             f"@{self._cds_argfile}",
             f"@{self._argfile}",
             MAIN_CLASS,

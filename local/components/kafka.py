@@ -196,7 +196,9 @@ class Kafka(Component):
             "java",
             *JVM_FLAGS,
             # the program's metricsConfig: the JMX exporter agent with the same rule file
-            f"-javaagent:{self._agent}={HOST}:{self._metrics_port(node)}:{exporters.KAFKA_JMX_RULES}",
+            exporters.jmx_agent_flag(
+                self._agent, HOST, self._metrics_port(node), exporters.KAFKA_JMX_RULES
+            ),
             f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             f"-Dkafka.logs.dir={self.layout.logs}",
             f"@{self._argfile}",

@@ -172,12 +172,7 @@ class Exporter(Component):
 
     def servers(self) -> list[Server]:
         binary = shutil.which("prometheus-redis-exporter") or "/usr/bin/prometheus-redis-exporter"
-        argv = [
-            binary,
-            f"--web.listen-address={self.address}",
-            "--redis.addr=",  # no default target: only what /scrape?target= names
-            "--include-system-metrics",
-        ]
+        argv = [binary, f"--web.listen-address={self.address}", *exporters.REDIS_EXPORTER_FLAGS]
         return [
             Server(
                 name=self.name,
