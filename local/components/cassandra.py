@@ -302,7 +302,12 @@ class Cassandra(Component):
         if archive.exists():
             flag = f"-XX:SharedArchiveFile={archive}"
         else:
-            flag = f"-XX:ArchiveClassesAtExit={pending}"
+            # the JMX exporter agent is attached: the JVM refuses to dump with an agent unless
+            # told that this one transforms no class (a fresh machine's first start failed)
+            flag = (
+                "-XX:+UnlockDiagnosticVMOptions\n-XX:+AllowArchivingWithJavaAgent\n"
+                f"-XX:ArchiveClassesAtExit={pending}"
+            )
         # cds=error: the dump warns once per class it skips (hundreds of old-bytecode lines)
         _write_if_changed(self._cds_argfile, f"{flag}\n-Xlog:cds*=error\n")
 
