@@ -214,6 +214,10 @@ class ServicesConfig(_Model):
     outbox_relay: ServiceScale
     aggregator: ServiceScale
     hotkey_sampler: ServiceScale
+    # one replica reads every group's offsets (a second would only export the same series)
+    consumer_lag: ServiceScale = ServiceScale(
+        min_replicas=1, max_replicas=1, cpu="100m", memory_mi=256
+    )
     operator_image: str
 
 

@@ -225,6 +225,7 @@ def main() -> None:
                     workloads.HOTKEY_SAMPLER.name: cfg.services.hotkey_sampler,
                     workloads.OUTBOX_RELAY.name: cfg.services.outbox_relay,
                     workloads.AGGREGATOR.name: cfg.services.aggregator,
+                    workloads.CONSUMER_LAG.name: cfg.services.consumer_lag,
                 },
                 env,
             ),

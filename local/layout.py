@@ -133,6 +133,10 @@ class Ports:
         return [self._p(7101 + i) for i in range(4)]
 
     @property
+    def consumer_lag(self) -> int:
+        return self._p(8800)  # metrics/health only
+
+    @property
     def issuer(self) -> int:
         return self._p(8700)  # the local identity provider (JWKS)
 

@@ -158,6 +158,7 @@ def local_port(layout: Layout, workload: str) -> int:
         workloads.OUTBOX_RELAY.name: p.relay,
         workloads.AGGREGATOR.name: p.aggregator,
         workloads.HOTKEY_OPERATOR.name: p.hotkey_operator,
+        workloads.CONSUMER_LAG.name: p.consumer_lag,
     }[workload]
 
 

@@ -8,11 +8,12 @@ from pydantic import SecretStr, model_validator
 
 from services.aggregator import purge
 from services.contracts import convergence, events
+from services.contracts import kafka as kafka_contract
 from services.contracts.settings import HotPoolSettings
 
 
 class AggregatorSettings(HotPoolSettings):
-    agg_group_id: str = "likes-aggregator"
+    agg_group_id: str = kafka_contract.AGGREGATOR_GROUP
     # topic names are events.EVENT_TOPICS / DEAD_LETTER behind this prefix (a bench or a test can
     # run on its own copies of the topics)
     agg_topic_prefix: str = ""

@@ -57,6 +57,9 @@ class Acl:
 # the platform's topics all start with this (events.EVENT_TOPICS and the dead letter)
 TOPIC_PREFIX = "likes."
 GROUP_PREFIX = "likes-"  # the aggregator's group, the recount sampler's
+AGGREGATOR_GROUP = f"{GROUP_PREFIX}aggregator"  # the one that counts; the lag exporter watches it
+# the consumer-lag exporter's fetcher: assigns partitions to read timestamps, never joins or commits
+LAG_READER_GROUP = f"{GROUP_PREFIX}consumer-lag"
 
 
 def service_acls(peer_regions: tuple[str, ...] = ()) -> tuple[Acl, ...]:

@@ -14,3 +14,9 @@ CDN_PURGE_DROPPED = "likes_aggregator_cdn_purge_dropped_total"
 # them: their rows wait for no one), and how many it holds itself
 OUTBOX_RELAY_UNOWNED_SHARDS = "likes_outbox_relay_unowned_shards"
 OUTBOX_RELAY_OWNED_SHARDS = "likes_outbox_relay_owned_shards"
+
+# the consumer-lag exporter (services/consumer_lag): per group, topic and partition, read from
+# Kafka; the seed's consumer_lag_seconds
+CONSUMER_LAG_SECONDS = "likes_consumer_lag_seconds"
+CONSUMER_LAG_MESSAGES = "likes_consumer_lag_messages"
+CONSUMER_LAG_READS = "likes_consumer_lag_reads_total"  # label result: ok | error

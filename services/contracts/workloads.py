@@ -128,6 +128,14 @@ AGGREGATOR = Workload(
     uses=("count_cache_nodes", "hot_pools", "cassandra_hosts", "kafka_bootstrap",
           "schema_registry_url", "cloudflare_api_url", TRACES),
 )  # fmt: skip
+CONSUMER_LAG = Workload(
+    "consumer-lag",
+    "worker",
+    "services.consumer_lag",
+    "services.consumer_lag.settings:LagSettings",
+    OPS_PORT,
+    uses=("kafka_bootstrap",),
+)
 HOTKEY_OPERATOR = Workload(
     "hotkey-operator",
     "operator",
@@ -139,6 +147,8 @@ HOTKEY_OPERATOR = Workload(
 
 # The abuse scorer joins when services/abuse exists (issue: anti-abuse scorer); until then the
 # program deploys nothing for it rather than a pod that crash-loops.
-SERVICES: tuple[Workload, ...] = (WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR)
+SERVICES: tuple[Workload, ...] = (
+    WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR, CONSUMER_LAG
+)  # fmt: skip
 ALL: tuple[Workload, ...] = (*SERVICES, HOTKEY_OPERATOR)
 BY_NAME = {w.name: w for w in ALL}

@@ -1,0 +1,83 @@
+"""`python -m services.consumer_lag --port P`: read every watched group's lag from Kafka each
+LIKES_LAG_INTERVAL_S and export it on /metrics, until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from services.common import heap, observability, worker_http
+from services.consumer_lag.core import LagReader, PartitionLag
+from services.consumer_lag.metrics import LAG_MESSAGES, LAG_SECONDS, READS
+from services.consumer_lag.settings import LagSettings
+from services.contracts import clients, workloads
+from services.contracts import kafka as kafka_contract
+
+
+def export(lags: list[PartitionLag]) -> None:
+    for lag in lags:
+        labels = (lag.group, lag.topic, str(lag.partition))
+        LAG_SECONDS.labels(*labels).set(lag.seconds)
+        LAG_MESSAGES.labels(*labels).set(lag.messages)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Export consumer lag in seconds, read from Kafka.")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True, help="port of /healthz, /readyz, /metrics")
+    args = ap.parse_args()
+
+    settings = LagSettings()
+    log = observability.setup_logging(workloads.CONSUMER_LAG.name, settings.log_level)
+    conf = clients.kafka_config(settings, logger=logging.getLogger("kafka.admin"))
+    admin = AdminClient(conf)
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": kafka_contract.LAG_READER_GROUP,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,  # an offset at the log end answers at once
+        }
+    )
+    reader = LagReader(admin, consumer, settings.groups, settings.topics, settings.lag_timeout_s)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    last_ok = [0.0]
+
+    def ready() -> dict[str, bool]:
+        # stale after three intervals: Prometheus would be exporting an old reading
+        fresh = time.monotonic() - last_ok[0] < 3 * settings.lag_interval_s + settings.lag_timeout_s
+        return {"kafka": last_ok[0] > 0 and fresh}
+
+    loop = worker_http.LoopHealth(())
+    server = worker_http.serve(args.host, args.port, ready, loop.alive)
+    heap.settle()
+    log.info("consumer-lag exporter started", extra={"fields": {"groups": settings.groups}})
+    while not stop.is_set():
+        loop.turned()
+        try:
+            export(reader.read())
+            READS.labels("ok").inc()
+            last_ok[0] = time.monotonic()
+        except Exception as e:  # LagError, KafkaException: Kafka did not answer
+            # no reading is better than an old one that looks current: the series vanish and
+            # the ConsumerLagUnknown alert (absent series) says the lag is not known
+            LAG_SECONDS.clear()
+            LAG_MESSAGES.clear()
+            READS.labels("error").inc()
+            log.warning("lag read failed", extra={"fields": {"error": str(e)}})
+        stop.wait(settings.lag_interval_s)
+    server.shutdown()
+    consumer.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The consumer-lag exporter (services/consumer_lag) against the stack's Kafka: exact readings on
+a test topic with known message times, and the running exporter's series when the stack's own
+aggregator stops consuming (the case its own gauges cannot show)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.serialization import MessageField, SerializationContext
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.consumer_lag.core import LagReader
+from services.contracts import clients, events, keys, workloads
+from services.contracts import kafka as kafka_contract
+from services.contracts import metrics as names
+from tests.conftest import Stack
+
+T0 = 1_700_000_000.0  # the test messages' timestamps, seconds
+
+
+@pytest.fixture
+def topic(stack: Stack) -> Iterator[str]:
+    admin = AdminClient(stack.kafka_config())
+    name = f"likes.test-lag-{uuid.uuid4().hex[:8]}"
+    for fut in admin.create_topics([NewTopic(name, 2, 1)], operation_timeout=30).values():
+        fut.result(30)
+    yield name
+    admin.delete_topics([name], operation_timeout=30)
+
+
+def _produce(stack: Stack, topic: str, stamps: list[float]) -> None:
+    p = Producer(stack.kafka_config())
+    for ts in stamps:
+        p.produce(topic, value=b"x", partition=0, timestamp=int(ts * 1000))
+    assert p.flush(30) == 0
+
+
+def _commit(stack: Stack, group: str, topic: str, offset: int) -> None:
+    c = Consumer({**stack.kafka_config(), "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+    finally:
+        c.close()
+
+
+def _reader(stack: Stack, groups: list[str], topic: str, now: float) -> LagReader:
+    conf = stack.kafka_config()
+    consumer = Consumer({**conf, "group.id": kafka_contract.LAG_READER_GROUP,
+                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    return LagReader(AdminClient(conf), consumer, groups, [topic], 10.0, clock=lambda: now)
+
+
+def test_lag_is_the_age_of_the_next_unconsumed_message_per_group_and_partition(
+    stack: Stack, topic: str
+) -> None:
+    _produce(stack, topic, [T0, T0 + 1, T0 + 2])
+    behind, never, caught_up = (f"likes-test-{n}-{uuid.uuid4().hex[:6]}" for n in "abc")
+    _commit(stack, behind, topic, 1)  # consumed the first message only
+    _commit(stack, caught_up, topic, 3)
+    reader = _reader(stack, [behind, never, caught_up], topic, now=T0 + 10)
+    got = {(r.group, r.partition): (r.messages, r.seconds) for r in reader.read()}
+    assert got == {
+        (behind, 0): (2, 9.0),  # the message at offset 1 was produced at T0 + 1
+        (behind, 1): (0, 0.0),  # an empty partition lags nothing
+        (never, 0): (3, 10.0),  # never committed: it reads from the log start
+        (never, 1): (0, 0.0),
+        (caught_up, 0): (0, 0.0),
+        (caught_up, 1): (0, 0.0),
+    }
+    # the group moves on: the reading follows (cached timestamps are per offset, not per group)
+    _commit(stack, behind, topic, 2)
+    got = {(r.group, r.partition): r.seconds for r in reader.read()}
+    assert got[(behind, 0)] == 8.0 and got[(never, 0)] == 10.0
+
+
+def _series(stack: Stack, group: str) -> dict[tuple[str, str], float]:
+    """The running exporter's likes_consumer_lag_seconds for a group: (topic, partition) -> s."""
+    text = httpx.get(f"{stack.ops_url(workloads.CONSUMER_LAG.name)}/metrics", timeout=10).text
+    return {
+        (s.labels["topic"], s.labels["partition"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == names.CONSUMER_LAG_SECONDS
+        for s in family.samples
+        if s.labels["group"] == group
+    }
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_stopped_aggregator_shows_growing_lag_and_none_once_it_resumes(stack: Stack) -> None:
+    group = kafka_contract.AGGREGATOR_GROUP
+    _wait(lambda: any(t == events.COMMITTED for t, _ in _series(stack, group)),
+          "the exporter's series of the aggregator's group")  # fmt: skip
+    settings = stack.settings()
+    ser = clients.like_serializer(clients.schema_registry(settings))
+    post = f"post-{uuid.uuid4()}"
+    e = events.LikeEvent.new(intent_uuid=str(uuid.uuid4()), user_id=f"u-{uuid.uuid4().hex[:6]}",
+                             post_id=post, action="like", reaction="like", delta=1,
+                             region=settings.region, shard=0)  # fmt: skip
+    value = ser(e, SerializationContext(events.COMMITTED, MessageField.VALUE))
+    pid = int(stack.status()[workloads.AGGREGATOR.name]["pid"])
+    os.kill(pid, signal.SIGSTOP)  # hung: alive to the kernel, consuming nothing, reporting nothing
+    try:
+        p = Producer(stack.kafka_config())
+        partition = []
+        p.produce(events.COMMITTED, key=keys.kafka_key(post, 0).encode(), value=value,
+                  on_delivery=lambda err, m: partition.append(m.partition()))  # fmt: skip
+        assert p.flush(30) == 0
+        key = (events.COMMITTED, str(partition[0]))
+        _wait(lambda: _series(stack, group).get(key, 0) > 5, "lag above 5 s")
+        first = _series(stack, group)[key]
+        time.sleep(6)
+        assert _series(stack, group)[key] > first  # still growing: a clock, not a frozen gauge
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _wait(lambda: _series(stack, group).get(key) == 0, "lag back to 0 once it resumed")
