@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
+from services.contracts import convergence, events, workloads
 from services.contracts import metrics as metric_names
-from services.contracts import workloads
 
 __all__ = [
     "AGGREGATOR",
@@ -53,6 +53,7 @@ __all__ = [
     "rule_groups",
     "sli_alerts",
     "sli_rules",
+    "worker_alerts",
     "write_rules",
 ]
 
@@ -177,6 +178,11 @@ def _bad_time_ratio(slo_name: str) -> str:
     return f'avg_over_time({BAD_BIT}{{slo="{slo_name}"}}[{{window}}])'
 
 
+# the seed's consumer_lag_seconds: the age of the oldest message each group has not consumed,
+# per partition of likes.committed (services/consumer_lag/core.py computes it)
+_COMMITTED_LAG = f'{metric_names.CONSUMER_LAG_SECONDS}{{topic="{events.COMMITTED}"}}'
+
+
 def default_slos() -> list[Slo]:
     """The seed's SLIs that make sense as SLOs."""
     return [
@@ -221,8 +227,9 @@ def default_slos() -> list[Slo]:
             # the seed: counts visibly stale after ~10 s of lag on likes.committed
             objective=0.99,
             error_ratio=_bad_time_ratio("consumer-lag"),
-            # every consumer's lag gauge: likes_aggregator_consumer_lag_seconds and the like
-            inputs=(_over_threshold('{__name__=~"likes_.+_consumer_lag_seconds"}', 10),),
+            # read from Kafka by the consumer-lag exporter (services/consumer_lag), per group
+            # and partition: a consumer that died or hung keeps showing its lag
+            inputs=(_over_threshold(_COMMITTED_LAG, 10),),
             description="likes.committed consumers stay within 10 s of the head",
             runbook="consumer-lag",
         ),
@@ -529,6 +536,198 @@ def sli_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     ]
 
 
+# --- the workers: stopped, hung, failing (the seed's "alerted" failure modes) -------------------
+
+CONSUMER_LAG_UNKNOWN = "ConsumerLagUnknown"
+AGGREGATOR_STALLED = "AggregatorStalled"
+OUTBOX_RELAY_HUNG = "OutboxRelayHung"
+OUTBOX_EVENTS_STALE = "OutboxEventsStale"
+DEAD_LETTER_UNAVAILABLE = "DeadLetterUnavailable"
+AGGREGATOR_FLUSH_FAILING = "AggregatorFlushFailing"
+AGGREGATOR_COMMIT_FAILING = "AggregatorCommitFailing"
+READ_BREAKER_OPEN = "ReadBreakerOpen"
+# a loop that has not gone round for this long is hung (its liveness probe restarts it after
+# worker_http.LoopHealth's 120 s: the alert is for a restart that did not help)
+LOOP_HUNG_AFTER_S = 60
+# an outbox row is the relay's after RELAY_REPUBLISH_AFTER_S; a dead replica's shards are taken
+# over within RELAY_TAKEOVER_S and a publish gives up after RELAY_PUBLISH_TIMEOUT_S. Twice that
+# path is the relay's drain budget: a row older than this is one no relay is getting out.
+OUTBOX_DRAIN_BUDGET_S = round(
+    2
+    * (
+        convergence.RELAY_REPUBLISH_AFTER_S
+        + convergence.RELAY_TAKEOVER_S
+        + convergence.RELAY_PUBLISH_TIMEOUT_S
+    )
+)
+
+
+def _alert(
+    name: str,
+    expr: str,
+    *,
+    severity: str,
+    service: str,
+    summary: str,
+    description: str,
+    runbook: str,
+    runbook_base: str,
+    for_: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    labels = {"severity": severity, SERVICE_LABEL: service}
+    if reason is not None:
+        labels["reason"] = reason  # tells apart two rules of one alert
+    rule: dict[str, Any] = {"alert": name, "expr": expr}
+    if for_ is not None:
+        rule["for"] = for_
+    rule["labels"] = labels
+    rule["annotations"] = {
+        "summary": summary,
+        "description": description,
+        **_runbook_annotations(runbook, runbook_base),
+    }
+    return rule
+
+
+def worker_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """A worker that stopped shows as a target not up (absent series); one that hung while its
+    ops thread still answers, as a heartbeat timestamp that stops moving (compared with
+    `time()`, never a frozen gauge read as if current); one that fails, as its failure counters."""
+    agg_up = f'up{{{WORKLOAD_LABEL}="{AGGREGATOR}"}}'
+    return [
+        _alert(
+            CONSUMER_LAG_UNKNOWN,
+            f"absent({metric_names.CONSUMER_LAG_SECONDS})",
+            for_="5m",
+            severity=SEVERITY_TICKET,
+            service=workloads.CONSUMER_LAG.name,
+            summary="Consumer lag has not been known for 5 minutes",
+            description=(
+                "The consumer-lag exporter exports nothing: it is down, or Kafka does not "
+                "answer it. The consumer-lag SLO and its alerts are blind meanwhile."
+            ),
+            runbook="consumer-lag-unknown",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            AGGREGATOR_STALLED,
+            f"absent({agg_up} == 1)",
+            for_="5m",
+            severity=SEVERITY_PAGE,
+            service=AGGREGATOR,
+            reason="not-running",
+            summary="No aggregator replica has been up for 5 minutes",
+            description=(
+                "No aggregator is scraped up: nothing is counted. Likes are accepted and wait "
+                "in likes.committed; counts stay where they were."
+            ),
+            runbook="aggregator-stalled",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            AGGREGATOR_STALLED,
+            f"time() - {metric_names.AGGREGATOR_LOOP_TIMESTAMP} > {LOOP_HUNG_AFTER_S}",
+            for_="2m",
+            severity=SEVERITY_PAGE,
+            service=AGGREGATOR,
+            reason="loop-hung",
+            summary="An aggregator's consumer loop has not turned for over a minute",
+            description=(
+                "{{ $labels.instance }} answers scrapes but its loop last went round "
+                "{{ $value | humanizeDuration }} ago: its partitions are not consumed."
+            ),
+            runbook="aggregator-stalled",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            OUTBOX_RELAY_HUNG,
+            f"time() - {metric_names.OUTBOX_RELAY_LOOP_TIMESTAMP} > {LOOP_HUNG_AFTER_S}",
+            for_="2m",
+            severity=SEVERITY_PAGE,
+            service=OUTBOX_RELAY,
+            summary="An outbox relay's loop has not turned for over a minute",
+            description=(
+                "{{ $labels.instance }} answers scrapes but its loop last went round "
+                "{{ $value | humanizeDuration }} ago: the shards it leased wait for their "
+                "leases to lapse."
+            ),
+            runbook="outbox-relay-hung",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            OUTBOX_EVENTS_STALE,
+            f"max({metric_names.OUTBOX_OLDEST_AGE}) > {OUTBOX_DRAIN_BUDGET_S}",
+            for_="5m",
+            severity=SEVERITY_PAGE,
+            service=OUTBOX_RELAY,
+            summary=f"Outbox rows older than the relay's {OUTBOX_DRAIN_BUDGET_S} s drain budget",
+            description=(
+                "The oldest unpublished outbox row is {{ $value | humanizeDuration }} old: "
+                "likes whose direct publish failed are durable but not counted yet."
+            ),
+            runbook="outbox-events-stale",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            DEAD_LETTER_UNAVAILABLE,
+            f'sum(increase({{__name__=~"{metric_names.DEAD_LETTER_FAILURES}"}}[10m])) > 0',
+            severity=SEVERITY_PAGE,
+            service=AGGREGATOR,
+            summary="The dead-letter topic refused sends in the last 10 minutes",
+            description=(
+                "{{ $value }} dead-letter sends failed: the aggregator logged those poison "
+                "messages in full and skipped them (recover them from its log); the relay "
+                "keeps its rows and retries."
+            ),
+            runbook="dead-letter-unavailable",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            AGGREGATOR_FLUSH_FAILING,
+            f"sum(rate({metric_names.AGGREGATOR_FLUSH_FAILURES}[5m])) > 0",
+            for_="5m",
+            severity=SEVERITY_PAGE,
+            service=AGGREGATOR,
+            summary="Aggregator window flushes have been failing for 5 minutes",
+            description=(
+                "{{ $value | humanize }} failed flushes/s: the window is retried with its "
+                "offsets uncommitted, so counts stand still until a flush succeeds."
+            ),
+            runbook="aggregator-flush-failing",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            AGGREGATOR_COMMIT_FAILING,
+            f"sum(rate({metric_names.AGGREGATOR_COMMIT_FAILURES}[5m])) > 0",
+            for_="10m",
+            severity=SEVERITY_TICKET,
+            service=AGGREGATOR,
+            summary="Aggregator offset commits have been failing for 10 minutes",
+            description=(
+                "The cells are written, the offsets not: a restart or rebalance replays "
+                "those windows (the cells' offsets skip them), longer the longer it lasts."
+            ),
+            runbook="aggregator-commit-failing",
+            runbook_base=runbook_base,
+        ),
+        _alert(
+            READ_BREAKER_OPEN,
+            f"max by (instance, dependency) ({metric_names.READ_BREAKER_OPEN}) > 0",
+            for_="5m",
+            severity=SEVERITY_TICKET,
+            service=READ,
+            summary="A read replica's breaker has been open for 5 minutes",
+            description=(
+                "{{ $labels.instance }} has not called {{ $labels.dependency }} for 5 "
+                "minutes: its reads answer from the fallback (counter-store or last good)."
+            ),
+            runbook="read-breaker-open",
+            runbook_base=runbook_base,
+        ),
+    ]
+
+
 def rule_groups(slos: list[Slo], *, runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
     """A Prometheus rules file: one group per SLO, its recording rules before its alerts (a group
     evaluates in order, so the alerts read this cycle's ratios), then the plain alerts."""
@@ -544,6 +743,7 @@ def rule_groups(slos: list[Slo], *, runbook_base: str = RUNBOOK_BASE) -> dict[st
     ]
     groups.append({"name": "likes-slis", "rules": sli_rules() + sli_alerts(runbook_base)})
     groups.append({"name": "likes-alerts", "rules": plain_alerts(runbook_base)})
+    groups.append({"name": "likes-workers", "rules": worker_alerts(runbook_base)})
     return {"groups": groups}
 
 

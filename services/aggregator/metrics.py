@@ -19,7 +19,7 @@ DEDUP_HITS = Counter(
 )
 WINDOWS = Counter("likes_aggregator_windows_flushed_total", "Windows flushed and committed")
 FLUSH_FAILURES = Counter(
-    "likes_aggregator_flush_failures_total", "Window flush attempts that failed (then retried)"
+    names.AGGREGATOR_FLUSH_FAILURES, "Window flush attempts that failed (then retried)"
 )
 FLUSH_SECONDS = Histogram(
     "likes_aggregator_flush_seconds",
@@ -87,7 +87,10 @@ DLQ_FAILURES = Counter(
     "likes_aggregator_dead_letter_failures_total",
     "Poison messages the dead-letter topic refused: logged in full and skipped",
 )
-COMMIT_FAILURES = Counter("likes_aggregator_commit_failures_total", "Offset commits that failed")
+COMMIT_FAILURES = Counter(names.AGGREGATOR_COMMIT_FAILURES, "Offset commits that failed")
+LOOP_TIMESTAMP = Gauge(
+    names.AGGREGATOR_LOOP_TIMESTAMP, "Unix time the consumer loop last went round (a heartbeat)"
+)
 LAG = Gauge(
     "likes_aggregator_consumer_lag_seconds",
     "Now minus the timestamp of the last consumed message (0 when caught up)",

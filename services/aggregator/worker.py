@@ -188,6 +188,7 @@ class Aggregator:
 
     def step(self, timeout: float = 0.1) -> None:
         self.loop.turned()
+        metrics.LOOP_TIMESTAMP.set_to_current_time()
         msgs = self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout)
         self._handle_batch(msgs)
         self._watch_failover()

@@ -20,3 +20,16 @@ OUTBOX_RELAY_OWNED_SHARDS = "likes_outbox_relay_owned_shards"
 CONSUMER_LAG_SECONDS = "likes_consumer_lag_seconds"
 CONSUMER_LAG_MESSAGES = "likes_consumer_lag_messages"
 CONSUMER_LAG_READS = "likes_consumer_lag_reads_total"  # label result: ok | error
+
+# heartbeats: the unix time a worker's loop last went round (set every turn). A loop that hangs
+# while its ops thread still answers scrapes keeps exporting an old time: `time() - this` grows.
+AGGREGATOR_LOOP_TIMESTAMP = "likes_aggregator_loop_timestamp_seconds"
+OUTBOX_RELAY_LOOP_TIMESTAMP = "likes_outbox_relay_loop_timestamp_seconds"
+# the consumers' dead-letter sends the topic refused: likes_aggregator_dead_letter_failures_total
+# (the poison message is logged and skipped) and likes_outbox_dead_letter_failures_total (the row
+# stays and is retried)
+DEAD_LETTER_FAILURES = r"likes_.+_dead_letter_failures_total"
+AGGREGATOR_FLUSH_FAILURES = "likes_aggregator_flush_failures_total"
+AGGREGATOR_COMMIT_FAILURES = "likes_aggregator_commit_failures_total"
+OUTBOX_OLDEST_AGE = "likes_outbox_oldest_age_seconds"
+READ_BREAKER_OPEN = "likes_read_breaker_open"

@@ -7,6 +7,8 @@ from typing import Generic, TypeVar
 from prometheus_client import Counter, Gauge
 from prometheus_client.metrics import MetricWrapperBase
 
+from services.contracts import metrics as names
+
 M = TypeVar("M", bound=MetricWrapperBase)
 
 
@@ -49,7 +51,7 @@ DEPENDENCY_ERRORS = Counter(
     ["dependency"],
 )
 BREAKER_OPEN = Gauge(
-    "likes_read_breaker_open", "1 while the dependency's circuit breaker is open", ["dependency"]
+    names.READ_BREAKER_OPEN, "1 while the dependency's circuit breaker is open", ["dependency"]
 )
 DEGRADED = Counter(
     "likes_read_degraded_total",

@@ -11,7 +11,7 @@ import threading
 from services.common import clock, heap, observability, worker_http
 from services.contracts import clients, convergence, workloads
 from services.contracts.clients import CASSANDRA_ERRORS
-from services.relay.core import OutboxRelay
+from services.relay.core import LOOP_TIMESTAMP, OutboxRelay
 from services.relay.leases import ShardLeases
 from services.relay.settings import RelaySettings
 from services.write.core import OUTBOX_SHARDS, Publisher
@@ -58,6 +58,7 @@ def main() -> None:
     log.info("relay started", extra={"fields": {"replica": replica}})
     while not stop.is_set():
         loop.turned()
+        LOOP_TIMESTAMP.set_to_current_time()
         try:
             res = relay.run_once()
             last_ok.set()

@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import Counter, Gauge
 
 from services.contracts import convergence, events, workloads
+from services.contracts import metrics as names
 from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED
 from services.relay.leases import ShardLeases
 from services.write.core import OUTBOX_SHARDS, Publisher
@@ -31,7 +32,10 @@ from services.write.core import OUTBOX_SHARDS, Publisher
 log = logging.getLogger("relay")
 
 BACKLOG = Gauge("likes_outbox_backlog", "Outbox events waiting to be published (last pass)")
-OLDEST = Gauge("likes_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox event")
+OLDEST = Gauge(names.OUTBOX_OLDEST_AGE, "Age of the oldest unpublished outbox event")
+LOOP_TIMESTAMP = Gauge(
+    names.OUTBOX_RELAY_LOOP_TIMESTAMP, "Unix time the relay's loop last went round (a heartbeat)"
+)
 PUBLISHED = Counter("likes_outbox_published_total", "Outbox events the relay published")
 FAILED = Counter("likes_outbox_publish_failures_total", "Relay publish attempts that failed")
 # "likes_<who>_dead_letter_total": the DeadLetterGrowth alert sums every such counter

@@ -32,6 +32,7 @@ UNIT_TEST_FILES = (
     UNIT_TESTS,
     RULES_DIR / "likes.plain.test.yml",
     RULES_DIR / "likes.slis.test.yml",
+    RULES_DIR / "likes.workers.test.yml",
 )
 
 
@@ -198,7 +199,7 @@ def test_default_slos_cover_the_seed_slis() -> None:
     (bad_bit,) = slos["consumer-lag"].inputs
     assert bad_bit == (
         "slo:sli_bad:bool",
-        'max({__name__=~"likes_.+_consumer_lag_seconds"}) > bool 10',
+        'max(likes_consumer_lag_seconds{topic="likes.committed"}) > bool 10',
     )
     assert "slo:sli_bad:bool" in slos["consumer-lag"].error_ratio
     assert 'status=~"5.."' in slos["read-availability"].error_ratio
@@ -285,7 +286,7 @@ def test_custom_slo_is_rendered_with_its_own_objective() -> None:
         description="the sampler answers",
         runbook="sampler",
     )
-    (group, _slis, _plain) = rule_groups([slo])["groups"]
+    (group, _slis, _plain, _workers) = rule_groups([slo])["groups"]
     fast = group["rules"][5]
     assert fast["alert"] == "SamplerAvailabilityBudgetBurn"
     assert "> (14.4 * 0.01)" in fast["expr"]

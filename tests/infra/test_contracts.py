@@ -617,6 +617,8 @@ METRIC_MODULES = (
     "services.read.metrics",
     "services.read.hotkeys",
     "services.aggregator.metrics",
+    "services.relay.core",
+    "services.consumer_lag.metrics",
     "services.hotkey_sampler.main",
     "operators.hotkeys.local_loop",
 )
