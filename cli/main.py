@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import typer
 
-from cli import recount
+from cli import alerts, recount
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
 
 app = typer.Typer(
-    help="Operate the like platform: the local stack, the infra program, hot keys, recounts.",
+    help=(
+        "Operate the like platform: the local stack, the infra program, hot keys, recounts, alerts."
+    ),
     no_args_is_help=True,
 )
 app.add_typer(local_cli.app, name="local")
 app.add_typer(infra_cli.app, name="infra")
 app.add_typer(hotkeys_cli.app, name="hotkeys")
 app.command()(recount.recount)
+app.command()(alerts.alerts)
 
 if __name__ == "__main__":
     app()

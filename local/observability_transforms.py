@@ -17,14 +17,24 @@ program renders (local/rendered.py). Everything not listed runs as rendered.
 4. Prometheus: `rule_files` -> the local copy of the rendered rules ConfigMap.
 5. Alertmanager: every receiver's integrations (PagerDuty, webhooks) -> one webhook to the local
    sink (local/webhook_sink.py) at `/<receiver>`; a receiver with none stays silent, as rendered.
+6. Time, scaled by the one declared TIME_SCALE, so alerts fire here in minutes, not hours: every
+   rule's `for`, every range in its PromQL (`[1h]`, `[5m:1m]`) and Alertmanager's group and
+   repeat timers are divided by it. Scaling cannot go below what the data resolves: a range
+   never shrinks under MIN_RANGE_SCRAPES scrape intervals (a rate needs samples to compare),
+   a subquery step never under the evaluation interval, a timer never under 1 s. The scrape and
+   evaluation intervals themselves run as rendered (scraping Cassandra 60 times as often would
+   cost a core).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from infra import observability as obs
 from local.observability_render import Pod, Rendered
@@ -32,6 +42,69 @@ from local.observability_render import Pod, Rendered
 
 class TransformError(Exception):
     """The rendered config has something the local translation does not know how to play."""
+
+
+TIME_SCALE = 60  # transform 6: a rendered hour is a local minute
+MIN_RANGE_SCRAPES = 4
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_DURATION = re.compile(r"(?:\d+(?:ms|[smhdwy]))+")
+_PART = re.compile(r"(\d+)(ms|[smhdwy])")
+# a range selector or subquery: [5m] [1h:1m] [3d:]
+_RANGE = re.compile(r"\[(" + _DURATION.pattern + r")(?::(" + _DURATION.pattern + r")?)?\]")
+
+
+def seconds(duration: str) -> float:
+    """A Prometheus duration ("1h30m", "5m", "500ms") in seconds."""
+    if not _DURATION.fullmatch(duration):
+        raise TransformError(f"not a Prometheus duration: {duration!r}")
+    return sum(int(n) * _UNITS[unit] for n, unit in _PART.findall(duration))
+
+
+def scaled(duration: str, floor_s: float = 1.0) -> str:
+    """Transform 6 for one duration: divided by TIME_SCALE, never below `floor_s`."""
+    if seconds(duration) == 0:
+        return duration  # "at once" stays at once
+    s = max(seconds(duration) / TIME_SCALE, floor_s)
+    return f"{round(s)}s" if s >= 1 else f"{round(s * 1000)}ms"
+
+
+def scaled_expr(expr: str, min_range_s: float, min_step_s: float) -> str:
+    """Transform 6 for PromQL: each range and subquery step scaled."""
+
+    def one(m: re.Match[str]) -> str:
+        rng = scaled(m.group(1), min_range_s)
+        if ":" not in m.group(0):
+            return f"[{rng}]"
+        step = m.group(2)
+        return f"[{rng}:{scaled(step, min_step_s) if step else ''}]"
+
+    return _RANGE.sub(one, expr)
+
+
+def rules(text: str, rendered_prometheus: Mapping[str, Any]) -> str:
+    """Transform 6 for a rules file: every `for` and every range scaled."""
+    glob = rendered_prometheus.get("global") or {}
+    min_range = MIN_RANGE_SCRAPES * seconds(glob.get("scrape_interval", "1m"))
+    min_step = seconds(glob.get("evaluation_interval", "1m"))
+    doc = yaml.safe_load(text)
+    for group in doc.get("groups") or []:
+        if "interval" in group:
+            raise TransformError(f"group {group['name']}: a group interval is not scaled yet")
+        for rule in group.get("rules") or []:
+            rule["expr"] = scaled_expr(str(rule["expr"]), min_range, min_step)
+            for key in ("for", "keep_firing_for"):
+                if key in rule:
+                    rule[key] = scaled(rule[key], 0.001)
+    return yaml.safe_dump(doc, sort_keys=False, width=100)
+
+
+def _scale_route(route: dict[str, Any]) -> None:
+    for key in ("group_wait", "group_interval", "repeat_interval"):
+        if key in route:
+            route[key] = scaled(route[key])
+    for child in route.get("routes") or []:
+        _scale_route(child)
 
 
 def sd_labels(pod: Pod, pod_name: str, port: int) -> dict[str, str]:
@@ -106,8 +179,9 @@ def _local(address: str, addresses: Mapping[str, str]) -> str:
 
 
 def alertmanager(rendered: Rendered, sink_url: str) -> dict[str, Any]:
-    """Transform 5: the local alertmanager.yml."""
+    """Transforms 5 and 6: the local alertmanager.yml."""
     cfg = copy.deepcopy(rendered.alertmanager)
+    _scale_route(cfg["route"])
     for receiver in cfg.get("receivers") or []:
         kinds = [k for k, v in receiver.items() if k.endswith("_configs") and v]
         if not kinds:

@@ -164,7 +164,7 @@ class Prometheus(Component):
                     old.unlink()
                     changed = True
         for name, text in r.rules.items():
-            changed |= _write_if_changed(rules_dir / name, text)
+            changed |= _write_if_changed(rules_dir / name, transforms.rules(text, r.prometheus))
         for path, groups in files.items():
             _write_if_changed(path, json.dumps(groups, indent=1))  # file_sd watches it
         return changed

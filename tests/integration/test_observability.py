@@ -46,7 +46,22 @@ def test_prometheus_loaded_the_rendered_rule_groups(stack: Stack) -> None:
     assert {g["name"] for g in loaded} == {g["name"] for g in program}
     alerting = {r["name"] for g in loaded for r in g["rules"] if r["type"] == "alerting"}
     assert alerting == expected
-    assert alert_rules.WATCHDOG in alerting and len(expected) == 13
+    assert alert_rules.WATCHDOG in alerting and len(expected) == 21
+    # the time scale is the one difference: each `for` 1/60 of the program's (15 m -> 15 s)
+    rendered_for = {
+        (r["alert"], r.get("labels", {}).get("reason")): r.get("for", "0s")
+        for g in program
+        for r in g["rules"]
+        if "alert" in r and "long_window" not in r.get("labels", {})
+    }
+    for g in loaded:
+        for r in g["rules"]:
+            key = (r["name"], r["labels"].get("reason"))
+            if r["type"] == "alerting" and key in rendered_for:
+                want = observability_transforms.seconds(rendered_for[key]) / 60
+                assert r["duration"] == want, (key, r["duration"], want)
+    purge = [r for g in loaded for r in g["rules"] if r["name"] == alert_rules.CDN_PURGE_FAILING]
+    assert purge[0]["duration"] == 15  # rendered "15m"
 
 
 def _expected_targets(stack: Stack) -> dict[str, set[str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from infra import exporters
 from infra import observability as obs
@@ -174,7 +176,24 @@ def test_a_discovery_the_transform_cannot_play_is_an_error(tmp_path: Path) -> No
 def test_alertmanager_receivers_post_to_the_sink_and_routes_stay() -> None:
     r = _render()
     cfg = transforms.alertmanager(r, "http://127.0.0.1:9095")
-    assert cfg["route"] == r.alertmanager["route"]
+    # the routes stay, their timers scaled (transform 6)
+    route = cfg["route"]
+    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == (
+        "1s",  # 30s / 60, raised to the 1 s floor
+        "5s",
+        "240s",
+    )
+    heartbeat = route["routes"][0]
+    assert (heartbeat["group_wait"], heartbeat["group_interval"]) == ("0s", "1s")
+    timers = ("group_wait", "group_interval", "repeat_interval")
+
+    def untimed(rt: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in rt.items() if k not in timers}
+        if "routes" in rt:
+            out["routes"] = [untimed(c) for c in rt["routes"]]
+        return out
+
+    assert untimed(route) == untimed(r.alertmanager["route"])
     assert {rc["name"]: rc for rc in cfg["receivers"]} == {
         "heartbeat": {
             "name": "heartbeat",
@@ -274,3 +293,65 @@ def test_render_plans_once_per_source_state(
     state["hash"] = "bbb"
     assert render("staging") == first and plans == ["staging", "staging"]
     assert [p.name for p in tmp_path.iterdir()] == ["staging-bbb.json"]
+
+
+# --- transform 6: the time scale -----------------------------------------------------------
+
+
+def test_durations_are_divided_by_the_time_scale_within_their_floors() -> None:
+    assert transforms.TIME_SCALE == 60
+    assert transforms.seconds("1h30m") == 5400
+    assert transforms.seconds("500ms") == 0.5
+    assert transforms.scaled("1h") == "60s"
+    assert transforms.scaled("5m", floor_s=0.001) == "5s"
+    assert transforms.scaled("30s", floor_s=0.001) == "500ms"
+    assert transforms.scaled("30s") == "1s"
+    assert transforms.scaled("0s") == "0s"
+    with pytest.raises(transforms.TransformError, match="not a Prometheus duration"):
+        transforms.seconds("5 minutes")
+
+
+def test_rules_scale_every_for_and_range_and_nothing_else() -> None:
+    text = """groups:
+- name: g
+  rules:
+  - record: r:5m
+    expr: sum(rate(x_total{le="0.1"}[5m])) / avg_over_time(b[3d]) + max_over_time(c[1h:1m])
+  - alert: A
+    expr: sum(increase(y_total[1d])) > 1000 and z offset 5m
+    for: 15m
+    labels: {window: 1h}
+"""
+    prom = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"}}
+    out = yaml.safe_load(transforms.rules(text, prom))["groups"][0]["rules"]
+    # a 5 m range would be 5 s: raised to 4 scrapes (60 s); 3 d is 72 min; the 1 m step of the
+    # subquery would be 1 s: raised to the 15 s evaluation interval
+    assert out[0] == {
+        "record": "r:5m",
+        "expr": 'sum(rate(x_total{le="0.1"}[60s])) / avg_over_time(b[4320s])'
+        " + max_over_time(c[60s:15s])",
+    }
+    # `offset` is not a range (left as rendered); names and labels keep their words
+    assert out[1] == {
+        "alert": "A",
+        "expr": "sum(increase(y_total[1440s])) > 1000 and z offset 5m",
+        "for": "15s",
+        "labels": {"window": "1h"},
+    }
+
+
+def test_the_programs_rules_scale_to_minutes() -> None:
+    """Every rule of the committed rules file survives the transform, each range at least the
+    floor and each `for` 1/60 of its rendered one."""
+    from infra import alert_rules
+
+    text = alert_rules.render(alert_rules.rule_groups(alert_rules.default_slos()))
+    prom = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"}}
+    before = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
+    after = [r for g in yaml.safe_load(transforms.rules(text, prom))["groups"] for r in g["rules"]]
+    assert len(before) == len(after)
+    for b, a in zip(before, after, strict=True):
+        if "for" in b:
+            assert transforms.seconds(a["for"]) * 60 == transforms.seconds(b["for"])
+        for rng in re.findall(r"\[([0-9a-z]+)[\]:]", a["expr"]):
+            assert transforms.seconds(rng) >= 60, (a, rng)

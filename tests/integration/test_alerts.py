@@ -1,0 +1,123 @@
+"""Alerts fire on the running stack: a fault is induced, the alert arrives at Alertmanager and
+the receiver its severity routes to, with a start after the injection, and resolves once the
+fault is undone. The local rules are the program's, time-scaled (local/observability_transforms
+transform 6); `likes alerts --json` is what the test reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import httpx
+from confluent_kafka import Producer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from infra import alert_rules
+from infra import observability as obs
+from local import observability_render
+from services.contracts import clients, events, keys, workloads
+from tests.conftest import Stack
+
+Match = Callable[[dict[str, Any]], bool]
+
+
+def _alerts(stack: Stack) -> list[dict[str, Any]]:
+    return json.loads(stack.cli("alerts", "--json", "--since", "30m").stdout)
+
+
+def _at(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _wait(stack: Stack, what: str, match: Match, state: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    seen: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        seen = _alerts(stack)
+        hits = [a for a in seen if a["state"] == state and match(a)]
+        if hits:
+            return hits[0]
+        time.sleep(3)
+    names = [(a["name"], a["state"]) for a in seen]
+    raise AssertionError(f"{what} not {state} within {timeout} s; alerts: {names}")
+
+
+def _named(name: str, **labels: str) -> Match:
+    return lambda a: a["name"] == name and all(a["labels"].get(k) == v for k, v in labels.items())
+
+
+def _page_receiver(stack: Stack) -> str:
+    rendered = observability_render.load(stack.layout.stack).alertmanager
+    names = {r["name"] for r in rendered["receivers"]}
+    return obs.PAGER_RECEIVER if obs.PAGER_RECEIVER in names else obs.TICKET_RECEIVER
+
+
+def _delivered(stack: Stack, receiver: str, name: str, status: str, after: float) -> bool:
+    sink = f"http://{stack.host}:{stack.layout.ports.webhook_sink}/{receiver}"
+    for note in httpx.get(sink, timeout=5).json():
+        payload = note["payload"]
+        for a in payload.get("alerts", []) if isinstance(payload, dict) else []:
+            if (a["labels"].get("alertname"), a["status"]) == (name, status) and _at(
+                a["startsAt"]
+            ) > after:
+                return True
+    return False
+
+
+def _like_event(stack: Stack) -> None:
+    """One like on likes.committed: the stopped aggregator's lag then grows with the clock."""
+    settings = stack.settings()
+    ser = clients.like_serializer(clients.schema_registry(settings))
+    post = f"post-{uuid.uuid4()}"
+    e = events.LikeEvent.new(intent_uuid=str(uuid.uuid4()), user_id=f"u-{uuid.uuid4().hex[:6]}",
+                             post_id=post, action="like", reaction="like", delta=1,
+                             region=settings.region, shard=0)  # fmt: skip
+    p = Producer(stack.kafka_config())
+    p.produce(events.COMMITTED, key=keys.kafka_key(post, 0).encode(),
+              value=ser(e, SerializationContext(events.COMMITTED, MessageField.VALUE)))  # fmt: skip
+    assert p.flush(30) == 0
+
+
+def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack: Stack) -> None:
+    stalled = _named(alert_rules.AGGREGATOR_STALLED, reason="not-running")
+    lagging = _named("ConsumerLagBudgetBurn", long_window="1h")
+    # from a quiet start: an earlier test's fault may still be resolving
+    for what, match in (("AggregatorStalled", stalled), ("the consumer-lag page", lagging)):
+        deadline = time.monotonic() + 240
+        while any(a["state"] == "firing" and match(a) for a in _alerts(stack)):
+            assert time.monotonic() < deadline, f"{what} still firing before the test"
+            time.sleep(3)
+    pid = int(stack.status()[workloads.AGGREGATOR.name]["pid"])
+    injected = time.time()
+    os.kill(pid, signal.SIGSTOP)  # hung: its scrapes time out, it consumes nothing
+    try:
+        _like_event(stack)
+        fired = _wait(stack, "AggregatorStalled", stalled, "firing", 240)
+        assert _at(fired["started_at"]) > injected
+        assert fired["runbook_url"] == "runbooks/aggregator-stalled.md"
+        burn = _wait(stack, "the consumer-lag page", lagging, "firing", 240)
+        assert _at(burn["started_at"]) > injected
+        assert burn["labels"]["severity"] == alert_rules.SEVERITY_PAGE
+        # delivered where pages go, not only held by Alertmanager
+        receiver = _page_receiver(stack)
+        deadline = time.monotonic() + 60
+        while not _delivered(stack, receiver, alert_rules.AGGREGATOR_STALLED, "firing", injected):
+            assert time.monotonic() < deadline, f"AggregatorStalled never reached {receiver}"
+            time.sleep(2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    done = _wait(stack, "AggregatorStalled", stalled, "resolved", 240)
+    assert _at(done["ended_at"]) > resumed
+    done = _wait(stack, "the consumer-lag page", lagging, "resolved", 300)
+    assert _at(done["ended_at"]) > resumed
+    # and they stay resolved: nothing flaps back within a few evaluations
+    time.sleep(20)
+    again = [a for a in _alerts(stack) if a["state"] == "firing" and (stalled(a) or lagging(a))]
+    assert again == [], again
