@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+import redis
 from confluent_kafka import Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -87,12 +88,8 @@ def _like_event(stack: Stack) -> None:
 def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack: Stack) -> None:
     stalled = _named(alert_rules.AGGREGATOR_STALLED, reason="not-running")
     lagging = _named("ConsumerLagBudgetBurn", long_window="1h")
-    # from a quiet start: an earlier test's fault may still be resolving
-    for what, match in (("AggregatorStalled", stalled), ("the consumer-lag page", lagging)):
-        deadline = time.monotonic() + 240
-        while any(a["state"] == "firing" and match(a) for a in _alerts(stack)):
-            assert time.monotonic() < deadline, f"{what} still firing before the test"
-            time.sleep(3)
+    _quiet(stack, "AggregatorStalled", stalled)
+    _quiet(stack, "the consumer-lag page", lagging)
     pid = int(stack.status()[workloads.AGGREGATOR.name]["pid"])
     injected = time.time()
     os.kill(pid, signal.SIGSTOP)  # hung: its scrapes time out, it consumes nothing
@@ -121,3 +118,75 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
     time.sleep(20)
     again = [a for a in _alerts(stack) if a["state"] == "firing" and (stalled(a) or lagging(a))]
     assert again == [], again
+
+
+def _quiet(stack: Stack, what: str, match: Match, timeout: float = 240) -> None:
+    """Wait until `match` is not firing: an earlier test's fault may still be resolving."""
+    deadline = time.monotonic() + timeout
+    while any(a["state"] == "firing" and match(a) for a in _alerts(stack)):
+        assert time.monotonic() < deadline, f"{what} still firing before the test"
+        time.sleep(3)
+
+
+def _fires_and_resolves(
+    stack: Stack,
+    what: str,
+    match: Match,
+    induce: Callable[[], None],
+    undo: Callable[[], None],
+    runbook: str,
+) -> None:
+    _quiet(stack, what, match)
+    injected = time.time()
+    induce()
+    try:
+        fired = _wait(stack, what, match, "firing", 240)
+        assert _at(fired["started_at"]) > injected
+        assert fired["runbook_url"] == f"runbooks/{runbook}.md"
+    finally:
+        undo()
+    undone = time.time()
+    done = _wait(stack, what, match, "resolved", 240)
+    assert _at(done["ended_at"]) > undone
+
+
+def test_no_relay_reporting_fires_outbox_shards_unowned_and_resolves(stack: Stack) -> None:
+    pid = int(stack.status()[workloads.OUTBOX_RELAY.name]["pid"])
+    _fires_and_resolves(
+        stack,
+        "OutboxShardsUnowned",
+        _named(alert_rules.OUTBOX_SHARDS_UNOWNED, reason="no-relay-reporting"),
+        lambda: os.kill(pid, signal.SIGSTOP),
+        lambda: os.kill(pid, signal.SIGCONT),
+        "outbox-shards-unowned",
+    )
+
+
+def test_a_stopped_lag_exporter_fires_consumer_lag_unknown_and_resolves(stack: Stack) -> None:
+    _fires_and_resolves(
+        stack,
+        "ConsumerLagUnknown",
+        _named(alert_rules.CONSUMER_LAG_UNKNOWN),
+        lambda: stack.cli("local", "stop", workloads.CONSUMER_LAG.name),
+        stack.up,
+        "consumer-lag-unknown",
+    )
+
+
+def test_a_lost_count_cache_replica_fires_replication_lag_and_resolves(stack: Stack) -> None:
+    names = {port: f"count-cache-{i + 1}" for i, port in enumerate(stack.layout.ports.count_cache)}
+    replica = None
+    for port, name in names.items():
+        r = redis.Redis(host=stack.host, port=port, password=stack.redis_password)
+        if r.info("replication")["role"] == "slave":
+            replica = name
+            break
+    assert replica is not None, "the count-cache has no replica"
+    _fires_and_resolves(
+        stack,
+        "CountCacheReplicationLag",
+        _named(alert_rules.COUNT_CACHE_REPLICATION, reason="primary-without-replica"),
+        lambda: stack.cli("local", "stop", replica),
+        stack.up,
+        "count-cache-replication-lag",
+    )
