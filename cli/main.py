@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import alerts, recount
+from cli import alerts, recount, slo
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
@@ -20,6 +20,7 @@ app.add_typer(infra_cli.app, name="infra")
 app.add_typer(hotkeys_cli.app, name="hotkeys")
 app.command()(recount.recount)
 app.command()(alerts.alerts)
+app.command()(slo.slo)
 
 if __name__ == "__main__":
     app()

@@ -38,6 +38,7 @@ __all__ = [
     "SEVERITY_NONE",
     "SEVERITY_PAGE",
     "SEVERITY_TICKET",
+    "SLO_PERIOD",
     "WATCHDOG",
     "WINDOWS",
     "WORKLOADS",
@@ -140,6 +141,8 @@ BURN_RATE_ALERTS: tuple[BurnRateAlert, ...] = (
     BurnRateAlert(severity=SEVERITY_TICKET, factor=1.0, long_window="3d", short_window="6h"),
 )
 WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "6h", "3d")
+# the error budget's period: the burn factors above spend it (14.4x for 1 h = 2% of 30 days)
+SLO_PERIOD = "30d"
 
 
 # the services' RED metrics (services/common/http.py); only API routes count, not /readyz

@@ -101,6 +101,14 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
         burn = _wait(stack, "the consumer-lag page", lagging, "firing", 240)
         assert _at(burn["started_at"]) > injected
         assert burn["labels"]["severity"] == alert_rules.SEVERITY_PAGE
+        # `likes slo` reads the same burn from Prometheus: above the page's 14.4 over "1h"
+        # (a local minute), and budget spent
+        slos = {r["slo"]: r for r in json.loads(stack.cli("slo", "--json").stdout)}
+        assert {s.name for s in alert_rules.default_slos()} == set(slos)
+        lag = slos["consumer-lag"]
+        assert lag["objective"] == 0.99 and lag["period"] == "43200s"  # 30 d / 60
+        assert lag["burn_rates"]["1h"] > 14.4, lag
+        assert lag["budget_remaining"] < 1, lag
         # delivered where pages go, not only held by Alertmanager
         receiver = _page_receiver(stack)
         deadline = time.monotonic() + 60
