@@ -120,8 +120,10 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
     resumed = time.time()
     done = _wait(stack, "AggregatorStalled", stalled, "resolved", 240)
     assert _at(done["ended_at"]) > resumed
+    _timing("AggregatorStalled", fired["started_at"], injected, done["ended_at"], resumed)
     done = _wait(stack, "the consumer-lag page", lagging, "resolved", 300)
     assert _at(done["ended_at"]) > resumed
+    _timing("ConsumerLagBudgetBurn", burn["started_at"], injected, done["ended_at"], resumed)
     # and they stay resolved: nothing flaps back within a few evaluations
     time.sleep(20)
     again = [a for a in _alerts(stack) if a["state"] == "firing" and (stalled(a) or lagging(a))]
@@ -156,6 +158,13 @@ def _fires_and_resolves(
     undone = time.time()
     done = _wait(stack, what, match, "resolved", 240)
     assert _at(done["ended_at"]) > undone
+    _timing(what, fired["started_at"], injected, done["ended_at"], undone)
+
+
+def _timing(what: str, started: str, injected: float, ended: str, undone: float) -> None:
+    """For the notes (pytest -rA shows it): how long the alert took to fire and to resolve."""
+    print(f"{what}: started {_at(started) - injected:.0f} s after the fault, "
+          f"ended {_at(ended) - undone:.0f} s after it was undone")  # fmt: skip
 
 
 def test_no_relay_reporting_fires_outbox_shards_unowned_and_resolves(stack: Stack) -> None:
