@@ -19,6 +19,8 @@ from services.consumer_lag.settings import LagSettings
 from services.contracts import clients, workloads
 from services.contracts import kafka as kafka_contract
 
+REBUILD_AFTER = 3  # consecutive failed reads before the Kafka clients are recreated
+
 
 def export(lags: list[PartitionLag]) -> None:
     for lag in lags:
@@ -36,17 +38,23 @@ def main() -> None:
     settings = LagSettings()
     log = observability.setup_logging(workloads.CONSUMER_LAG.name, settings.log_level)
     conf = clients.kafka_config(settings, logger=logging.getLogger("kafka.admin"))
-    admin = AdminClient(conf)
-    consumer = Consumer(
-        {
-            **conf,
-            "group.id": kafka_contract.LAG_READER_GROUP,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": True,  # an offset at the log end answers at once
-        }
-    )
-    reader = LagReader(admin, consumer, settings.groups, settings.topics, settings.lag_timeout_s)
+
+    def new_reader() -> LagReader:
+        consumer = Consumer(
+            {
+                **conf,
+                "group.id": kafka_contract.LAG_READER_GROUP,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,  # an offset at the log end answers at once
+            }
+        )
+        return LagReader(
+            AdminClient(conf), consumer, settings.groups, settings.topics, settings.lag_timeout_s
+        )
+
+    reader = new_reader()
+    failures = 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -67,16 +75,26 @@ def main() -> None:
             export(reader.read())
             READS.labels("ok").inc()
             last_ok[0] = time.monotonic()
+            failures = 0
         except Exception as e:  # LagError, KafkaException: Kafka did not answer
             # no reading is better than an old one that looks current: the series vanish and
             # the ConsumerLagUnknown alert (absent series) says the lag is not known
             LAG_SECONDS.clear()
             LAG_MESSAGES.clear()
             READS.labels("error").inc()
-            log.warning("lag read failed", extra={"fields": {"error": str(e)}})
+            log.warning("lag read failed", extra={"fields": {"error": repr(e)}})
+            failures += 1
+            if failures >= REBUILD_AFTER:
+                # after a whole-cluster restart librdkafka's admin client kept failing the
+                # group-offsets call for minutes (the test of Kafka down and back): new clients
+                # look the coordinator up afresh
+                reader.close()
+                reader = new_reader()
+                failures = 0
+                log.info("kafka clients recreated")
         stop.wait(settings.lag_interval_s)
     server.shutdown()
-    consumer.close()
+    reader.close()
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class LagReader:
             try:
                 out[(tp.topic, tp.partition)] = fut.result(timeout=self._timeout).offset
             except Exception as e:
-                raise LagError(f"list_offsets {tp.topic}/{tp.partition}: {e}") from e
+                raise LagError(f"list_offsets {tp.topic}/{tp.partition}: {e!r}") from e
         return out
 
     def _committed(self, group: str, keys: list[Key]) -> dict[Key, int]:
@@ -101,7 +101,7 @@ class LagReader:
         try:
             result = futures[group].result(timeout=self._timeout)
         except Exception as e:
-            raise LagError(f"committed offsets of {group}: {e}") from e
+            raise LagError(f"committed offsets of {group}: {e!r}") from e
         out = {}
         for tp in result.topic_partitions:
             if tp.error is not None:
@@ -144,6 +144,9 @@ class LagReader:
             self._consumer.unassign()
         if pending:
             raise LagError(f"no message fetched from {sorted(pending)} in {self._timeout} s")
+
+    def close(self) -> None:
+        self._consumer.close()
 
     def read(self) -> list[PartitionLag]:
         keys = self.partitions()
