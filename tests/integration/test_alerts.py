@@ -9,21 +9,19 @@ import json
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import httpx
 import redis
-from confluent_kafka import Producer
-from confluent_kafka.serialization import MessageField, SerializationContext
 
 from infra import alert_rules
 from infra import observability as obs
 from local import observability_render
-from services.contracts import clients, events, keys, workloads
+from services.contracts import workloads
 from tests.conftest import Stack
+from tests.integration.faults import produce_like
 
 Match = Callable[[dict[str, Any]], bool]
 
@@ -53,6 +51,12 @@ def _named(name: str, **labels: str) -> Match:
     return lambda a: a["name"] == name and all(a["labels"].get(k) == v for k, v in labels.items())
 
 
+def _after(match: Match, undone: float) -> Match:
+    """A resolution of this fault: the sink may still hold an earlier episode's resolved
+    notification of the same alert (same fingerprint), which ended before it."""
+    return lambda a: match(a) and a["ended_at"] is not None and _at(a["ended_at"]) > undone
+
+
 def _page_receiver(stack: Stack) -> str:
     rendered = observability_render.load(stack.layout.stack).alertmanager
     names = {r["name"] for r in rendered["receivers"]}
@@ -71,20 +75,6 @@ def _delivered(stack: Stack, receiver: str, name: str, status: str, after: float
     return False
 
 
-def _like_event(stack: Stack) -> None:
-    """One like on likes.committed: the stopped aggregator's lag then grows with the clock."""
-    settings = stack.settings()
-    ser = clients.like_serializer(clients.schema_registry(settings))
-    post = f"post-{uuid.uuid4()}"
-    e = events.LikeEvent.new(intent_uuid=str(uuid.uuid4()), user_id=f"u-{uuid.uuid4().hex[:6]}",
-                             post_id=post, action="like", reaction="like", delta=1,
-                             region=settings.region, shard=0)  # fmt: skip
-    p = Producer(stack.kafka_config())
-    p.produce(events.COMMITTED, key=keys.kafka_key(post, 0).encode(),
-              value=ser(e, SerializationContext(events.COMMITTED, MessageField.VALUE)))  # fmt: skip
-    assert p.flush(30) == 0
-
-
 def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack: Stack) -> None:
     stalled = _named(alert_rules.AGGREGATOR_STALLED, reason="not-running")
     lagging = _named("ConsumerLagBudgetBurn", long_window="1h")
@@ -94,7 +84,7 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
     injected = time.time()
     os.kill(pid, signal.SIGSTOP)  # hung: its scrapes time out, it consumes nothing
     try:
-        _like_event(stack)
+        produce_like(stack)
         fired = _wait(stack, "AggregatorStalled", stalled, "firing", 240)
         assert _at(fired["started_at"]) > injected
         assert fired["runbook_url"] == "runbooks/aggregator-stalled.md"
@@ -118,11 +108,9 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
     finally:
         os.kill(pid, signal.SIGCONT)
     resumed = time.time()
-    done = _wait(stack, "AggregatorStalled", stalled, "resolved", 240)
-    assert _at(done["ended_at"]) > resumed
+    done = _wait(stack, "AggregatorStalled", _after(stalled, resumed), "resolved", 240)
     _timing("AggregatorStalled", fired["started_at"], injected, done["ended_at"], resumed)
-    done = _wait(stack, "the consumer-lag page", lagging, "resolved", 300)
-    assert _at(done["ended_at"]) > resumed
+    done = _wait(stack, "the consumer-lag page", _after(lagging, resumed), "resolved", 300)
     _timing("ConsumerLagBudgetBurn", burn["started_at"], injected, done["ended_at"], resumed)
     # and they stay resolved: nothing flaps back within a few evaluations
     time.sleep(20)
@@ -132,9 +120,21 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
 
 def _quiet(stack: Stack, what: str, match: Match, timeout: float = 240) -> None:
     """Wait until `match` is not firing: an earlier test's fault may still be resolving."""
+
+    def active() -> bool:
+        if any(a["state"] == "firing" and match(a) for a in _alerts(stack)):
+            return True
+        # Prometheus too: an alert still pending from an earlier fault would fire with that
+        # fault's start (startsAt is when the condition began), before this test's injection
+        rules = httpx.get(f"{stack.prometheus_url}/api/v1/alerts", timeout=10).json()
+        return any(
+            match({"name": a["labels"].get("alertname"), "labels": a["labels"]})
+            for a in rules["data"]["alerts"]
+        )
+
     deadline = time.monotonic() + timeout
-    while any(a["state"] == "firing" and match(a) for a in _alerts(stack)):
-        assert time.monotonic() < deadline, f"{what} still firing before the test"
+    while active():
+        assert time.monotonic() < deadline, f"{what} still pending or firing before the test"
         time.sleep(3)
 
 
@@ -156,8 +156,7 @@ def _fires_and_resolves(
     finally:
         undo()
     undone = time.time()
-    done = _wait(stack, what, match, "resolved", 240)
-    assert _at(done["ended_at"]) > undone
+    done = _wait(stack, what, _after(match, undone), "resolved", 240)
     _timing(what, fired["started_at"], injected, done["ended_at"], undone)
 
 

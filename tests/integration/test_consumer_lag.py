@@ -14,14 +14,14 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.consumer_lag.core import LagReader
-from services.contracts import clients, events, keys, workloads
+from services.contracts import events, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts import metrics as names
 from tests.conftest import Stack
+from tests.integration.faults import produce_like
 
 T0 = 1_700_000_000.0  # the test messages' timestamps, seconds
 
@@ -106,22 +106,11 @@ def test_a_stopped_aggregator_shows_growing_lag_and_none_once_it_resumes(stack: 
     group = kafka_contract.AGGREGATOR_GROUP
     _wait(lambda: any(t == events.COMMITTED for t, _ in _series(stack, group)),
           "the exporter's series of the aggregator's group")  # fmt: skip
-    settings = stack.settings()
-    ser = clients.like_serializer(clients.schema_registry(settings))
-    post = f"post-{uuid.uuid4()}"
-    e = events.LikeEvent.new(intent_uuid=str(uuid.uuid4()), user_id=f"u-{uuid.uuid4().hex[:6]}",
-                             post_id=post, action="like", reaction="like", delta=1,
-                             region=settings.region, shard=0)  # fmt: skip
-    value = ser(e, SerializationContext(events.COMMITTED, MessageField.VALUE))
     pid = int(stack.status()[workloads.AGGREGATOR.name]["pid"])
     os.kill(pid, signal.SIGSTOP)  # hung: alive to the kernel, consuming nothing, reporting nothing
     try:
-        p = Producer(stack.kafka_config())
-        partition = []
-        p.produce(events.COMMITTED, key=keys.kafka_key(post, 0).encode(), value=value,
-                  on_delivery=lambda err, m: partition.append(m.partition()))  # fmt: skip
-        assert p.flush(30) == 0
-        key = (events.COMMITTED, str(partition[0]))
+        partition = produce_like(stack)
+        key = (events.COMMITTED, str(partition))
         _wait(lambda: _series(stack, group).get(key, 0) > 5, "lag above 5 s")
         first = _series(stack, group)[key]
         time.sleep(6)
