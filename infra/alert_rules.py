@@ -158,6 +158,24 @@ def _requests_error_ratio(service: str, bad: str) -> str:
     )
 
 
+def _read_error_ratio() -> str:
+    """Degraded post answers over all post answers, plus the gateway's 5xx over the requests it
+    sent to the read service. Each term is 0 when it has no events (a denominator of 0 is
+    dropped, not NaN) or no series (the read service down and unscraped; no gateway), so the
+    other still counts: a gateway that cannot reach the service leaves the service idle."""
+    m = metric_names
+    tier = f'{m.READ_TIER_LABEL}=~"{"|".join(m.READ_DEGRADED_TIERS)}"'
+    cluster = f'{m.ENVOY_CLUSTER_LABEL}="{m.GATEWAY_READ_CLUSTER}"'
+    return (
+        f"(\n  sum(rate({m.READ_TIER}{{{tier}}}[{{window}}]))\n"
+        f"  /\n  (sum(rate({m.READ_TIER}[{{window}}])) > 0)\n  or vector(0)\n)\n+\n"
+        f'(\n  sum(rate({m.ENVOY_CLUSTER_RQ_XX}{{{cluster},envoy_response_code_class="5"}}'
+        f"[{{window}}]))\n"
+        f"  /\n  (sum(rate({m.ENVOY_CLUSTER_RQ_COMPLETED}{{{cluster}}}[{{window}}])) > 0)\n"
+        f"  or vector(0)\n)"
+    )
+
+
 def _latency_error_ratio(service: str, le: str) -> str:
     """API requests slower than `le` seconds (a bucket boundary) over all API requests."""
     api = f'{SERVICE_LABEL}="{service}",{API_ROUTES}'
@@ -192,10 +210,13 @@ def default_slos() -> list[Slo]:
         Slo(
             name="read-availability",
             service=READ,
-            # reads never 5xx: they degrade to the last good value instead
+            # the service never answers 5xx (it degrades to the last good value or null), so
+            # the bad events are those degraded answers, and the requests that reached the
+            # gateway but not the service (its 5xx: no upstream, refused, timed out)
             objective=0.9999,
-            error_ratio=_requests_error_ratio(READ, 'status=~"5.."'),
-            description="GET /v1/posts/{id}/likes and the batch read answer without a 5xx",
+            error_ratio=_read_error_ratio(),
+            description="GET /v1/posts/{id}/likes and the batch read answer fresh: a degraded "
+            "(last good or null) count, or a 5xx from the gateway, is bad",
             runbook="read-availability",
         ),
         Slo(

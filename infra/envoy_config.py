@@ -126,10 +126,13 @@ from envoy_data_plane.envoy.type.v3 import FractionalPercent, FractionalPercentD
 from envoy_data_plane.google.protobuf import Any, Empty, Struct, Value
 
 from services.contracts import keys, routes, tls
+from services.contracts import metrics as metric_names
 
 __all__ = [
+    "ADMIN_CLUSTER",
     "BATCH_READ_PATH",
     "FAIL_OPEN",
+    "HTTPS_LISTENER",
     "INVALID_SUBJECT_BODY",
     "INVALID_SUBJECT_ROUTE",
     "IP_DESCRIPTOR_KEY",
@@ -142,6 +145,8 @@ __all__ = [
     "ROUTE_DESCRIPTOR_KEY",
     "SAMPLER_CLUSTER",
     "SERVICE_CLUSTERS",
+    "STATS_LISTENER",
+    "STATS_PATH",
     "UPSTREAM_CA_SECRET",
     "UPSTREAM_CLIENT_SECRET",
     "USER_DESCRIPTOR_KEY",
@@ -171,7 +176,7 @@ USER_DESCRIPTOR_KEY = "user_id"
 IP_DESCRIPTOR_KEY = "remote_address"  # fixed by Envoy for the remote_address action
 
 WRITE_CLUSTER = "write_svc"
-READ_CLUSTER = "read_svc"
+READ_CLUSTER = metric_names.GATEWAY_READ_CLUSTER  # the read SLI selects its stats by this name
 SAMPLER_CLUSTER = "hotkey_sampler"
 RATELIMIT_CLUSTER = "ratelimit"
 JWKS_CLUSTER = "jwks"
@@ -181,6 +186,13 @@ JWKS_CLUSTER = "jwks"
 UPSTREAM_CLIENT_SECRET = "upstream_client"
 UPSTREAM_CA_SECRET = "upstream_ca"
 SERVICE_CLUSTERS = (WRITE_CLUSTER, READ_CLUSTER, SAMPLER_CLUSTER)
+# Prometheus scrapes Envoy's own series through a listener of their own that serves
+# STATS_PATH and nothing else, relayed to the admin interface on loopback: the admin port itself
+# (runtime writes, /quitquitquit) never leaves the pod.
+HTTPS_LISTENER = "https"  # the API; listed first in the bootstrap
+STATS_LISTENER = "stats"
+STATS_PATH = "/stats/prometheus"
+ADMIN_CLUSTER = "envoy_admin"
 
 # The route that refuses a token whose subject the services would refuse (see _routes), and its
 # answer: the services' error shape (services/common/http.error_body), their code for it
@@ -224,17 +236,20 @@ class EnvoyParams:
     upstream_tls_dir: str = tls.MOUNT_DIR
     ca_bundle: str = "/etc/ssl/certs/ca-certificates.crt"  # roots the JWKS fetch trusts
     admin_port: int = 9901
+    stats_port: int = 9902  # STATS_LISTENER: STATS_PATH only, for Prometheus
     ratelimit_timeout_ms: int = 50
     write_timeout_s: float = 5.0
     read_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("listener_port", "admin_port"):
+        for name in ("listener_port", "admin_port", "stats_port"):
             port = getattr(self, name)
             if not 0 < port < 65536:
                 raise ValueError(f"{name}: {port} is not a TCP port")
         if self.listener_port == self.admin_port:
             raise ValueError("admin_port: must differ from listener_port")
+        if self.stats_port in (self.listener_port, self.admin_port):
+            raise ValueError("stats_port: must differ from listener_port and admin_port")
         for name in ("write_upstream", "read_upstream", "sampler_upstream", "ratelimit_upstream"):
             _host_port(getattr(self, name), name)
         if not 0.0 <= self.mirror_percent <= 100.0:
@@ -630,21 +645,68 @@ def _listener(params: EnvoyParams) -> Listener:
         )
     )
     return Listener(
-        name="https",
+        name=HTTPS_LISTENER,
         address=_address("0.0.0.0", params.listener_port),
         filter_chains=[
             FilterChain(
-                filters=[
-                    Filter(
-                        name="envoy.filters.network.http_connection_manager",
-                        typed_config=Any.pack(_http_connection_manager(params)),
-                    )
-                ],
+                filters=[_hcm_filter(_http_connection_manager(params))],
                 transport_socket=TransportSocket(
                     name="envoy.transport_sockets.tls", typed_config=Any.pack(tls)
                 ),
             )
         ],
+    )
+
+
+def _stats_listener(params: EnvoyParams) -> Listener:
+    """STATS_PATH (GET) relayed to the admin interface; any other request is a 404 here."""
+    stats = Route(
+        name="prometheus_stats",
+        match=RouteMatch(path=STATS_PATH, headers=[_method("GET")]),
+        route=RouteAction(cluster=ADMIN_CLUSTER, timeout=_seconds(10)),
+    )
+    refuse = Route(match=RouteMatch(prefix="/"), direct_response=DirectResponseAction(status=404))
+    hcm = HttpConnectionManager(
+        stat_prefix=STATS_LISTENER,
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        route_config=RouteConfiguration(
+            name=STATS_LISTENER,
+            virtual_hosts=[VirtualHost(name=STATS_LISTENER, domains=["*"], routes=[stats, refuse])],
+        ),
+        http_filters=[
+            HttpFilter(name="envoy.filters.http.router", typed_config=Any.pack(Router()))
+        ],
+        request_headers_timeout=_seconds(10),
+    )
+    return Listener(
+        name=STATS_LISTENER,
+        address=_address("0.0.0.0", params.stats_port),
+        filter_chains=[FilterChain(filters=[_hcm_filter(hcm)])],
+    )
+
+
+def _hcm_filter(hcm: HttpConnectionManager) -> Filter:
+    return Filter(name="envoy.filters.network.http_connection_manager", typed_config=Any.pack(hcm))
+
+
+def _admin_cluster(params: EnvoyParams) -> Cluster:
+    """The admin interface on loopback, for the stats listener alone."""
+    return Cluster(
+        name=ADMIN_CLUSTER,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=_seconds(1),
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=ADMIN_CLUSTER,
+            endpoints=[
+                LocalityLbEndpoints(
+                    lb_endpoints=[
+                        LbEndpoint(
+                            endpoint=Endpoint(address=_address("127.0.0.1", params.admin_port))
+                        )
+                    ]
+                )
+            ],
+        ),
     )
 
 
@@ -700,7 +762,7 @@ def bootstrap_message(params: EnvoyParams) -> Bootstrap:
             ]
         ),
         static_resources=BootstrapStaticResources(
-            listeners=[_listener(params)],
+            listeners=[_listener(params), _stats_listener(params)],
             clusters=[
                 _cluster(WRITE_CLUSTER, params.write_upstream, mtls=True),
                 _cluster(READ_CLUSTER, params.read_upstream, mtls=True),
@@ -719,6 +781,7 @@ def bootstrap_message(params: EnvoyParams) -> Bootstrap:
                     ca_bundle=params.ca_bundle,
                     eject_failing_hosts=False,
                 ),
+                _admin_cluster(params),
             ],
             secrets=_tls_secrets(params),
         ),

@@ -13,13 +13,14 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import envoy_config
+from infra import envoy_config, observability
 from infra import k8s as kx
 from infra import tls as tls_infra
 from services.contracts import logins, tls
 
 LISTENER_PORT = 8443
 ADMIN_PORT = 9901
+STATS_PORT = 9902  # envoy_config.STATS_LISTENER: what Prometheus scrapes (STATS_PATH only)
 RATELIMIT_GRPC = 8081
 RATELIMIT_HTTP = 8080
 RATELIMIT_REDIS_PORT = 6379
@@ -111,14 +112,17 @@ def envoy_params(args: GatewayArgs, namespace: str) -> envoy_config.EnvoyParams:
         tls_secret_name=TLS_SECRET,
         upstream_tls_dir=tls.MOUNT_DIR,
         admin_port=ADMIN_PORT,
+        stats_port=STATS_PORT,
     )
 
 
 def clusters(bootstrap: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(cluster, host:port) of every endpoint a rendered Envoy bootstrap sends to."""
+    """(cluster, host:port) of every endpoint a rendered Envoy bootstrap sends to, but the
+    admin interface on the pod's own loopback (the stats listener's upstream)."""
     return [
         (c["name"], f"{a['address']}:{a['portValue']}")
         for c in bootstrap["staticResources"]["clusters"]
+        if c["name"] != envoy_config.ADMIN_CLUSTER
         for locality in c["loadAssignment"]["endpoints"]
         for lb in locality["lbEndpoints"]
         for a in [lb["endpoint"]["address"]["socketAddress"]]
@@ -193,6 +197,7 @@ class Gateway(pulumi.ComponentResource):
             ports=[
                 kx.core.ContainerPortArgs(name="https", container_port=LISTENER_PORT),
                 kx.core.ContainerPortArgs(name="admin", container_port=ADMIN_PORT),
+                kx.core.ContainerPortArgs(name="metrics", container_port=STATS_PORT),
             ],
             resources=kx.resources("2", "1Gi", cpu_limit="4"),
             liveness_probe=kx.http_probe("/server_info", ADMIN_PORT, delay=5),
@@ -219,7 +224,10 @@ class Gateway(pulumi.ComponentResource):
                 template=kx.core.PodTemplateSpecArgs(
                     metadata=kx.meta_v1.ObjectMetaArgs(
                         labels=lbls,
-                        annotations={"likes.io/config-sha": _sha(bootstrap)},
+                        annotations={
+                            "likes.io/config-sha": _sha(bootstrap),
+                            **observability.scrape_annotations(STATS_PORT, envoy_config.STATS_PATH),
+                        },
                     ),
                     spec=kx.core.PodSpecArgs(
                         service_account_name="envoy",

@@ -245,6 +245,9 @@ class Table:
         out.append(Flow(prometheus, prometheus, (obs.PROMETHEUS_PORT,), "scrape"))
         alertmanager = self.app(a.observability_namespace, "alertmanager")
         out.append(Flow(prometheus, alertmanager, (obs.ALERTMANAGER_PORT,), "scrape"))
+        # the gateway's pods carry them as well: Envoy's stats listener
+        envoy = self.app(a.edge_namespace, "envoy")
+        out.append(Flow(prometheus, envoy, (gateway.STATS_PORT,), "scrape"))
         out += self._datastores(prometheus)
         out += self._operators()
         return out

@@ -150,6 +150,10 @@ class Ports:
         return self._p(8009)
 
     @property
+    def gateway_stats(self) -> int:
+        return self._p(8008)  # Envoy's stats listener: /stats/prometheus only, for Prometheus
+
+    @property
     def ratelimit_http(self) -> int:
         return self._p(8010)  # envoyproxy/ratelimit: /healthcheck and the JSON API
 

@@ -65,7 +65,7 @@ class Transform:
 
 _SR = "staticResources"
 _ADDR = ("loadAssignment", "endpoints", "[0]", "lbEndpoints", "[0]", "endpoint", "address")
-_HCM = (_SR, "listeners", "*", "filterChains", "[0]", "filters",
+_HCM = (_SR, "listeners", f"[{envoy_config.HTTPS_LISTENER}]", "filterChains", "[0]", "filters",
         "[envoy.filters.network.http_connection_manager]", "typedConfig")  # fmt: skip
 _JWT_PROVIDERS = (
     *_HCM,
@@ -80,14 +80,18 @@ TRANSFORMS: tuple[Transform, ...] = (
         "upstreams",
         "envoy.json",
         "each cluster's endpoint (the write, read and hot-key sampler Services, the ratelimit "
-        "Service, the JWKS host) → 127.0.0.1 and the port of the local server that plays it",
+        "Service, the JWKS host) → 127.0.0.1 and the port of the local server that plays it; "
+        "the admin cluster (the stats listener's upstream, 127.0.0.1:<admin port>) → "
+        "<ports.gateway_admin>",
         "no cluster DNS on a laptop: every Service is one local process on its own port",
         tuple((_SR, "clusters", "*", *_ADDR, "socketAddress", f) for f in ("address", "portValue")),
     ),
     Transform(
         "listener",
         "envoy.json",
-        "the listener 0.0.0.0:8443 → 127.0.0.1:<ports.gateway>",
+        f"the {envoy_config.HTTPS_LISTENER} listener 0.0.0.0:{program.LISTENER_PORT} → "
+        f"127.0.0.1:<ports.gateway>, the {envoy_config.STATS_LISTENER} listener "
+        f"0.0.0.0:{program.STATS_PORT} → 127.0.0.1:<ports.gateway_stats>",
         "loopback only, and a port per stack so a test stack runs beside a developer's",
         tuple(
             (_SR, "listeners", "*", "address", "socketAddress", f) for f in ("address", "portValue")
@@ -216,6 +220,7 @@ class Addrs:
 
     upstreams: Mapping[str, tuple[str, int]]  # cluster name -> (host, port)
     listener: tuple[str, int]
+    stats_listener: tuple[str, int]
     admin_port: int
     jwks_uri: str
     upstream_tls_dir: str | None = None  # the gateway's certificate folder; None: plaintext
@@ -230,8 +235,10 @@ class Addrs:
                 envoy_config.SAMPLER_CLUSTER: (HOST, p.hotkey_sampler),
                 envoy_config.RATELIMIT_CLUSTER: (HOST, p.ratelimit_grpc),
                 envoy_config.JWKS_CLUSTER: (HOST, p.issuer),
+                envoy_config.ADMIN_CLUSTER: (HOST, p.gateway_admin),
             },
             listener=(HOST, p.gateway),
+            stats_listener=(HOST, p.gateway_stats),
             admin_port=p.gateway_admin,
             jwks_uri=f"http://{HOST}:{p.issuer}{issuer.JWKS_PATH}",
             upstream_tls_dir=(
@@ -255,6 +262,8 @@ def _expected_upstream(cluster: str, jwks_host: str) -> tuple[str, int | None]:
         return f"{RATELIMIT}.", program.RATELIMIT_GRPC
     if cluster == envoy_config.JWKS_CLUSTER:
         return jwks_host, None
+    if cluster == envoy_config.ADMIN_CLUSTER:
+        return "127.0.0.1", program.ADMIN_PORT  # the pod's own admin interface
     raise rendered.RenderError(
         f"gateway: envoy.json cluster {cluster!r} has no local server (local/components/gateway.py)"
     )
@@ -287,7 +296,7 @@ def local_bootstrap(rendered_bootstrap: dict[str, Any], addrs: Addrs) -> dict[st
     """The rendered bootstrap with TRANSFORMS applied (a copy): the file the local Envoy runs."""
     b = copy.deepcopy(rendered_bootstrap)
     sr = b[_SR]
-    providers = _at(b, tuple(s if s != "*" else "[0]" for s in _JWT_PROVIDERS))
+    providers = _at(b, _JWT_PROVIDERS)
     jwks_hosts = set()
     for provider in providers.values():  # jwks-uri
         http_uri = provider["remoteJwks"]["httpUri"]
@@ -315,9 +324,18 @@ def local_bootstrap(rendered_bootstrap: dict[str, Any], addrs: Addrs) -> dict[st
             cluster.pop("transportSocket", None)
         if name in envoy_config.SERVICE_CLUSTERS and addrs.upstream_tls_dir is None:
             cluster.pop("transportSocket", None)  # upstream-mtls, the quick profile
+    local_listeners = {
+        envoy_config.HTTPS_LISTENER: addrs.listener,
+        envoy_config.STATS_LISTENER: addrs.stats_listener,
+    }
     for listener in sr["listeners"]:  # listener, downstream-plaintext
+        if listener.get("name") not in local_listeners:
+            raise rendered.RenderError(
+                f"gateway: envoy.json listener {listener.get('name')!r} has no local port "
+                "(local/components/gateway.py)"
+            )
         sock = listener["address"]["socketAddress"]
-        sock["address"], sock["portValue"] = addrs.listener
+        sock["address"], sock["portValue"] = local_listeners[listener["name"]]
         for chain in listener["filterChains"]:
             chain.pop("transportSocket", None)
     if addrs.upstream_tls_dir is None:
@@ -654,6 +672,7 @@ class Gateway(_Rendered):
     """Envoy with the rendered bootstrap, transformed by local_bootstrap."""
 
     name = "gateway"
+    plays = ENVOY  # scraped as workload=envoy, through the stats listener
 
     def __init__(
         self, layout: Layout, stack: str = "staging", upstreams: tuple[str, ...] = ()
@@ -670,6 +689,9 @@ class Gateway(_Rendered):
     def admin_url(self) -> str:
         return f"http://{HOST}:{self.layout.ports.gateway_admin}"
 
+    def metrics_targets(self) -> list[str]:
+        return [f"{HOST}:{self.layout.ports.gateway_stats}"]
+
     @property
     def bootstrap_file(self) -> Path:
         return self.layout.conf / "gateway" / program.ENVOY_CONFIG_FILE
@@ -680,9 +702,7 @@ class Gateway(_Rendered):
 
     def jwt_issuer(self) -> str:
         """The `iss` the rendered gateway requires: what `likes local token` must sign with."""
-        providers = _at(
-            self.rendered_bootstrap(), tuple(s if s != "*" else "[0]" for s in _JWT_PROVIDERS)
-        )
+        providers = _at(self.rendered_bootstrap(), _JWT_PROVIDERS)
         (provider,) = providers.values()
         return str(provider["issuer"])
 

@@ -33,3 +33,19 @@ AGGREGATOR_FLUSH_FAILURES = "likes_aggregator_flush_failures_total"
 AGGREGATOR_COMMIT_FAILURES = "likes_aggregator_commit_failures_total"
 OUTBOX_OLDEST_AGE = "likes_outbox_oldest_age_seconds"
 READ_BREAKER_OPEN = "likes_read_breaker_open"
+
+# the read service's answers, one per post, by the tier that answered (services/read/core.py
+# `Tier`): the last good value and null are degraded answers, bad events of read availability
+READ_TIER = "likes_read_tier_total"
+READ_TIER_LABEL = "tier"
+READ_DEGRADED_TIERS = ("last_good", "none")
+
+# Envoy's own series (its stats listener, infra/envoy_config.STATS_PATH), per upstream cluster
+# (label envoy_cluster_name): completed requests, and by response class (envoy_response_code_class
+# 1-5). A request Envoy could not deliver (no upstream, connect refused, timeout) is completed
+# and counted in class 5 here though no service ever saw it.
+ENVOY_CLUSTER_RQ_COMPLETED = "envoy_cluster_upstream_rq_completed"
+ENVOY_CLUSTER_RQ_XX = "envoy_cluster_upstream_rq_xx"
+ENVOY_CLUSTER_LABEL = "envoy_cluster_name"
+# the gateway's cluster for the read service (infra/envoy_config.READ_CLUSTER): its label value
+GATEWAY_READ_CLUSTER = "read_svc"

@@ -28,10 +28,10 @@ class Children(Generic[M]):
 
 
 TIER = Counter(
-    "likes_read_tier_total",
+    names.READ_TIER,
     "Post counts answered, by the tier that answered "
     "(aggregate, subcounters, counter_store, last_good, none)",
-    ["tier"],
+    [names.READ_TIER_LABEL],
 )
 HAS_LIKED = Counter(
     "likes_read_has_liked_total",

@@ -202,7 +202,11 @@ def test_default_slos_cover_the_seed_slis() -> None:
         'max(likes_consumer_lag_seconds{topic="likes.committed"}) > bool 10',
     )
     assert "slo:sli_bad:bool" in slos["consumer-lag"].error_ratio
-    assert 'status=~"5.."' in slos["read-availability"].error_ratio
+    # reads: degraded answers and the gateway's 5xx, not the service's own status (never 5xx)
+    read = slos["read-availability"].error_ratio
+    assert 'likes_read_tier_total{tier=~"last_good|none"}' in read
+    assert 'envoy_cluster_name="read_svc",envoy_response_code_class="5"' in read
+    assert "likes_http_requests_total" not in read
     assert slos["read-availability"].objective > slos["write-availability"].objective
 
 

@@ -39,9 +39,13 @@ def bootstrap() -> dict[str, Any]:
     return build_bootstrap(PARAMS)
 
 
-def _hcm(bootstrap: dict[str, Any]) -> dict[str, Any]:
-    (listener,) = bootstrap["staticResources"]["listeners"]
-    (chain,) = listener["filterChains"]
+def _listener(bootstrap: dict[str, Any], name: str = envoy_config.HTTPS_LISTENER) -> dict[str, Any]:
+    (listener,) = [x for x in bootstrap["staticResources"]["listeners"] if x["name"] == name]
+    return listener
+
+
+def _hcm(bootstrap: dict[str, Any], listener: str = envoy_config.HTTPS_LISTENER) -> dict[str, Any]:
+    (chain,) = _listener(bootstrap, listener)["filterChains"]
     (hcm,) = chain["filters"]
     assert hcm["name"] == "envoy.filters.network.http_connection_manager"
     return hcm["typedConfig"]
@@ -361,7 +365,7 @@ def test_client_ip_comes_from_cloudflare_header(bootstrap: dict[str, Any]) -> No
 
 
 def test_listener_terminates_tls_with_the_named_secret(bootstrap: dict[str, Any]) -> None:
-    (listener,) = bootstrap["staticResources"]["listeners"]
+    listener = _listener(bootstrap)
     assert listener["address"]["socketAddress"]["portValue"] == 8443
     (chain,) = listener["filterChains"]
     tls = chain["transportSocket"]["typedConfig"]
@@ -409,7 +413,9 @@ def test_the_services_are_reached_over_mtls_with_the_gateways_certificate(
 
 
 def test_every_upstream_cluster_is_strict_dns(bootstrap: dict[str, Any]) -> None:
+    """Every cluster but the pod's own admin interface (a fixed loopback address)."""
     clusters = _clusters(bootstrap)
+    assert clusters.pop(envoy_config.ADMIN_CLUSTER)["type"] == "STATIC"
     assert {_cluster_address(c) for c in clusters.values()} == {
         PARAMS.write_upstream,
         PARAMS.read_upstream,
@@ -436,6 +442,27 @@ def test_admin_listens_on_loopback_only(bootstrap: dict[str, Any]) -> None:
     }
 
 
+def test_the_stats_listener_relays_only_the_prometheus_path(bootstrap: dict[str, Any]) -> None:
+    """Prometheus reaches Envoy's series on a port of their own; the admin port stays loopback."""
+    listener = _listener(bootstrap, envoy_config.STATS_LISTENER)
+    assert listener["address"]["socketAddress"]["portValue"] == PARAMS.stats_port
+    (vhost,) = _hcm(bootstrap, envoy_config.STATS_LISTENER)["routeConfig"]["virtualHosts"]
+
+    def route(method: str, path: str) -> dict[str, Any]:
+        return next(r for r in vhost["routes"] if _matches(r["match"], method, path))
+
+    assert route("GET", envoy_config.STATS_PATH)["route"]["cluster"] == envoy_config.ADMIN_CLUSTER
+    for method, path in (
+        ("POST", "/runtime_modify"),
+        ("GET", "/config_dump"),
+        ("POST", envoy_config.STATS_PATH),
+        ("GET", "/stats"),
+    ):
+        assert route(method, path)["directResponse"]["status"] == 404, (method, path)
+    admin = _clusters(bootstrap)[envoy_config.ADMIN_CLUSTER]
+    assert _cluster_address(admin) == f"127.0.0.1:{PARAMS.admin_port}"
+
+
 def test_bootstrap_round_trips_through_envoy_data_plane(bootstrap: dict[str, Any]) -> None:
     # from_dict rejects unknown fields, so this also proves every key is one the API knows
     assert Bootstrap.from_dict(bootstrap).to_dict() == bootstrap
@@ -451,6 +478,8 @@ def test_bootstrap_round_trips_through_envoy_data_plane(bootstrap: dict[str, Any
         ({"mirror_percent": 0.00001}, "mirror_percent"),
         ({"listener_port": 0}, "listener_port"),
         ({"admin_port": 8443}, "admin_port"),
+        ({"stats_port": 9901}, "stats_port"),
+        ({"stats_port": 8443}, "stats_port"),
         ({"jwks_uri": "http://auth.likes.example/jwks.json"}, "jwks_uri"),
         ({"ratelimit_domain": ""}, "ratelimit_domain"),
     ],
@@ -611,6 +640,7 @@ def test_real_envoy_routes_authenticates_and_mirrors(tmp_path: Path) -> None:
         params,
         listener_port=_free_port(),
         admin_port=_free_port(),
+        stats_port=_free_port(),
         write_upstream=write.address,
         read_upstream=read.address,
         sampler_upstream=sampler.address,
@@ -674,6 +704,20 @@ def test_real_envoy_routes_authenticates_and_mirrors(tmp_path: Path) -> None:
         # every request came over mTLS with the gateway's certificate
         assert set(read.peers) == set(sampler.peers) == {f"{tls.GATEWAY}.local"}
         assert len(read.peers) == len(read.seen)
+
+        # the stats listener serves Prometheus the admin's series, and nothing else of the admin
+        stats = f"http://127.0.0.1:{params.stats_port}"
+        scrape = httpx.get(f"{stats}{envoy_config.STATS_PATH}", timeout=10)
+        assert scrape.status_code == 200
+        read_5xx = f'envoy_cluster_name="{envoy_config.READ_CLUSTER}"'
+        assert any(
+            line.startswith("envoy_cluster_upstream_rq_completed{") and read_5xx in line
+            for line in scrape.text.splitlines()
+        ), scrape.text[:2000]
+        assert httpx.post(f"{stats}/runtime_modify?{key}=0", timeout=5).status_code == 404
+        assert httpx.get(f"{stats}/config_dump", timeout=5).status_code == 404
+        assert httpx.post(f"{stats}/quitquitquit", timeout=5).status_code == 404
+        assert proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(timeout=30)

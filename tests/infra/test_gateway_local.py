@@ -99,8 +99,12 @@ def test_upstreams_point_at_the_local_servers(gw: gateway.Gateway) -> None:
     assert addr(envoy_config.RATELIMIT_CLUSTER) == ("127.0.0.1", p.ratelimit_grpc)
     assert addr(envoy_config.JWKS_CLUSTER) == ("127.0.0.1", p.issuer)
     assert "transportSocket" not in clusters[envoy_config.JWKS_CLUSTER]
-    (listener,) = _local(gw)["staticResources"]["listeners"]
-    assert listener["address"]["socketAddress"] == {"address": "127.0.0.1", "portValue": p.gateway}
+    assert addr(envoy_config.ADMIN_CLUSTER) == ("127.0.0.1", p.gateway_admin)
+    listeners = {x["name"]: x for x in _local(gw)["staticResources"]["listeners"]}
+    assert {n: x["address"]["socketAddress"] for n, x in listeners.items()} == {
+        envoy_config.HTTPS_LISTENER: {"address": "127.0.0.1", "portValue": p.gateway},
+        envoy_config.STATS_LISTENER: {"address": "127.0.0.1", "portValue": p.gateway_stats},
+    }
     assert _local(gw)["admin"]["address"]["socketAddress"] == {
         "address": "127.0.0.1",
         "portValue": p.gateway_admin,
@@ -113,6 +117,15 @@ def test_a_cluster_without_a_local_server_fails_naming_it(gw: gateway.Gateway) -
     extra["name"] = "abuse_scorer"
     b["staticResources"]["clusters"].append(extra)
     with pytest.raises(rendered.RenderError, match="abuse_scorer"):
+        gateway.local_bootstrap(b, gateway.Addrs.of(LAYOUT))
+
+
+def test_a_listener_without_a_local_port_fails_naming_it(gw: gateway.Gateway) -> None:
+    b = gw.rendered_bootstrap()
+    extra = copy.deepcopy(b["staticResources"]["listeners"][-1])
+    extra["name"] = "grpc_web"
+    b["staticResources"]["listeners"].append(extra)
+    with pytest.raises(rendered.RenderError, match="grpc_web"):
         gateway.local_bootstrap(b, gateway.Addrs.of(LAYOUT))
 
 

@@ -493,6 +493,8 @@ def implied(m: Model, p: plan.Plan) -> list[Conn]:
         for locality in cluster["loadAssignment"]["endpoints"]:
             for lb in locality["lbEndpoints"]:
                 sa = lb["endpoint"]["address"]["socketAddress"]
+                if sa["address"] == "127.0.0.1":
+                    continue  # the pod itself (the stats listener's admin): no policy applies
                 to(envoy, f"{sa['address']}:{sa['portValue']}", f"cluster {cluster['name']}")
     limiter = _container(p, "Deployment", "ratelimit", EDGE)
     redis_url = next(e["value"] for e in limiter["env"] if e["name"] == "REDIS_URL")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -19,7 +20,9 @@ import redis
 from infra import alert_rules
 from infra import observability as obs
 from local import observability_render
-from services.contracts import workloads
+from local.components import gateway as gateway_local
+from services.contracts import metrics as metric_names
+from services.contracts import routes, workloads
 from tests.conftest import Stack
 from tests.integration.faults import produce_like
 
@@ -210,3 +213,47 @@ def test_a_lost_count_cache_replica_fires_replication_lag_and_resolves(stack: St
         stack.up,
         "count-cache-replication-lag",
     )
+
+
+def test_a_read_service_the_gateway_cannot_reach_burns_the_read_budget(stack: Stack) -> None:
+    """The read service never answers 5xx, so its own metrics cannot see itself gone: the read
+    SLI counts the gateway's 5xx on the read cluster (Envoy's stats, scraped as workload=envoy)."""
+    read_slo = next(s for s in alert_rules.default_slos() if s.name == "read-availability")
+    burning = _named(alert_rules.alert_name(read_slo), long_window="1h")
+    stop = threading.Event()
+    answers: list[int] = []
+
+    def readers() -> None:  # clients behind the CDN, reading a post through the gateway
+        with httpx.Client(base_url=stack.gateway_url, timeout=5) as client:
+            while not stop.is_set():
+                try:
+                    answers.append(client.get(routes.read_path("post-slo")).status_code)
+                except httpx.TransportError:
+                    answers.append(0)
+                stop.wait(0.1)
+
+    traffic = threading.Thread(target=readers, daemon=True)
+    traffic.start()
+    try:
+        _fires_and_resolves(
+            stack,
+            alert_rules.alert_name(read_slo),
+            burning,
+            lambda: stack.cli("local", "stop", workloads.READ.name),
+            stack.up,
+            "read-availability",
+        )
+    finally:
+        stop.set()
+        traffic.join(timeout=10)
+    assert 503 in answers and 200 in answers, sorted(set(answers))
+    # what fired it: the gateway's term, from Envoy's own series under the workload the program
+    # annotates (its pods' scrape annotations; the local Envoy's stats listener)
+    query = (
+        f"sum(increase({metric_names.ENVOY_CLUSTER_RQ_XX}{{{alert_rules.WORKLOAD_LABEL}="
+        f'"{gateway_local.ENVOY}",{metric_names.ENVOY_CLUSTER_LABEL}='
+        f'"{metric_names.GATEWAY_READ_CLUSTER}",envoy_response_code_class="5"}}[15m]))'
+    )
+    got = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": query}, timeout=10)
+    (sample,) = got.json()["data"]["result"]
+    assert float(sample["value"][1]) > 0, sample
