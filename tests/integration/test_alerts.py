@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -254,6 +255,82 @@ def test_a_read_service_the_gateway_cannot_reach_burns_the_read_budget(stack: St
         f'"{gateway_local.ENVOY}",{metric_names.ENVOY_CLUSTER_LABEL}='
         f'"{metric_names.GATEWAY_READ_CLUSTER}",envoy_response_code_class="5"}}[15m]))'
     )
+    assert _query(stack, query) > 0
+
+
+def _query(stack: Stack, query: str) -> float:
+    """The one sample of an instant query on the stack's Prometheus."""
     got = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": query}, timeout=10)
     (sample,) = got.json()["data"]["result"]
-    assert float(sample["value"][1]) > 0, sample
+    return float(sample["value"][1])
+
+
+def test_a_paused_cassandra_fires_each_alert_it_implies_and_all_resolve(stack: Stack) -> None:
+    """One fault, four alerts: with the counter-store, edge-store and cells paused (hung, not
+    refusing), the aggregator's flushes fail, the read breaker opens, reads of posts the
+    count-cache lacks answer null (degraded: the read SLI's own term), writes fail closed."""
+    slos = {s.name: s for s in alert_rules.default_slos()}
+    expected: dict[str, Match] = {
+        alert_rules.AGGREGATOR_FLUSH_FAILING: _named(alert_rules.AGGREGATOR_FLUSH_FAILING),
+        alert_rules.READ_BREAKER_OPEN: _named(
+            alert_rules.READ_BREAKER_OPEN, dependency="counter-store"
+        ),
+        "the read burn": _named(
+            alert_rules.alert_name(slos["read-availability"]), long_window="1h"
+        ),
+        "the write burn": _named(
+            alert_rules.alert_name(slos["write-availability"]), long_window="1h"
+        ),
+    }
+    for what, match in expected.items():
+        _quiet(stack, what, match)
+    stop = threading.Event()
+
+    def clients() -> None:  # readers of posts nobody has counted, and writers, via the gateway
+        with httpx.Client(base_url=stack.gateway_url, timeout=10) as client:
+            while not stop.is_set():
+                user, post = f"u-{uuid.uuid4().hex[:8]}", f"post-{uuid.uuid4()}"
+                try:
+                    client.get(routes.read_path(post))
+                    client.post(
+                        routes.WRITE_PATH,
+                        json={"post_id": post, "action": "like"},
+                        headers={
+                            "authorization": f"Bearer {stack.token(user)}",
+                            "idempotency-key": str(uuid.uuid4()),
+                        },
+                    )
+                except httpx.TransportError:
+                    pass
+                stop.wait(0.2)
+
+    traffic = threading.Thread(target=clients, daemon=True)
+    traffic.start()
+    pid = int(stack.status()["cassandra"]["pid"])
+    fired: dict[str, dict[str, Any]] = {}
+    injected = time.time()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        produce_like(stack)  # a window for the aggregator to flush into the paused store
+        for what, match in expected.items():
+            fired[what] = _wait(stack, what, match, "firing", 240)
+            assert _at(fired[what]["started_at"]) > injected, (what, fired[what])
+        # the read burn is the degraded answers' doing: the service still answered every read
+        degraded = _query(
+            stack,
+            f'sum(increase({metric_names.READ_TIER}{{{metric_names.READ_TIER_LABEL}="none"}}[2m]))',
+        )
+        assert degraded > 0, degraded
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    try:
+        for what, match in expected.items():
+            done = _wait(stack, what, _after(match, resumed), "resolved", 300)
+            _timing(what, fired[what]["started_at"], injected, done["ended_at"], resumed)
+    finally:
+        stop.set()
+        traffic.join(timeout=30)
+    assert fired[alert_rules.AGGREGATOR_FLUSH_FAILING]["runbook_url"] == (
+        "runbooks/aggregator-flush-failing.md"
+    )
