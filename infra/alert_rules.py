@@ -262,13 +262,9 @@ def default_slos() -> list[Slo]:
             service="mirrormaker2",
             objective=0.99,
             error_ratio=_bad_time_ratio("cross-region-replication"),
-            # the seed's mm2_lag_seconds: MirrorMaker 2's own replication latency (Strimzi's
-            # Kafka Connect metrics config exports it), in ms
-            inputs=(
-                _over_threshold(
-                    "kafka_connect_mirror_source_connector_replication_latency_ms_max", 60_000
-                ),
-            ),
+            # the seed's mm2_lag_seconds: MirrorMaker 2's own replication latency in ms, from
+            # the JMX agent Strimzi runs with infra/jmx/mirrormaker2.yaml
+            inputs=(_over_threshold(metric_names.MM2_REPLICATION_LATENCY_MAX, 60_000),),
             description="MirrorMaker 2 keeps the other region within 60 s",
             runbook="cross-region-replication",
         ),

@@ -3,6 +3,9 @@
 - Kafka: the Prometheus JMX exporter agent. Strimzi runs it in every node of a Kafka CR that has a
   `metricsConfig` (port 9404), with the rule file `jmx/kafka.yaml` from a ConfigMap; the local
   brokers load the same agent jar (from Maven Central) with the same rule file.
+- MirrorMaker 2: Strimzi runs the same agent in every pod of a KafkaMirrorMaker2 that has a
+  `metricsConfig` (port 9404), with `jmx/mirrormaker2.yaml`; only regions with peers run one, so
+  nothing local does (tests/infra/test_exporter_rules.py runs the rules in the real agent).
 - Scylla serves Prometheus natively (9180; the Scylla Operator annotates its pods for scraping).
   Locally Cassandra stands in for it and is scraped through the same JMX agent with
   `jmx/cassandra.yaml`. The two speak different metric names: nothing in the rules reads either
@@ -20,6 +23,7 @@ from pathlib import Path
 JMX_DIR = Path(__file__).resolve().parent / "jmx"
 KAFKA_JMX_RULES = JMX_DIR / "kafka.yaml"
 CASSANDRA_JMX_RULES = JMX_DIR / "cassandra.yaml"
+MM2_JMX_RULES = JMX_DIR / "mirrormaker2.yaml"
 # the agent's Maven coordinates (1.0.1 is the newest Maven Central serves here); Strimzi ships
 # its own build of the same agent
 JMX_AGENT = "io.prometheus.jmx:jmx_prometheus_javaagent:1.0.1"
@@ -29,6 +33,9 @@ STRIMZI_METRICS_PORT = 9404
 # the ConfigMap (and its key) the Kafka CR's metricsConfig points at
 KAFKA_METRICS_CONFIG_MAP = "kafka-metrics"
 KAFKA_METRICS_KEY = "kafka-metrics-config.yml"
+# ... and the one every KafkaMirrorMaker2's metricsConfig points at (same namespace)
+MM2_METRICS_CONFIG_MAP = "mirror-maker-2-metrics"
+MM2_METRICS_KEY = "metrics-config.yml"
 # Scylla's own Prometheus port
 SCYLLA_METRICS_PORT = 9180
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -32,6 +33,7 @@ CLUSTER_LABEL = "strimzi.io/cluster"
 INTERNAL_LB = {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}
 # the app.kubernetes.io/name Strimzi gives every Kafka node pod (the scrape labels workload=kafka)
 KAFKA_APP = "kafka"
+MIRROR_MAKER_APP = "kafka-mirror-maker-2"  # Strimzi's app.kubernetes.io/name on MirrorMaker 2 pods
 DAY_MS = 24 * 3600 * 1000
 # the topics are the services' (defined once, services/contracts/events.py)
 EVENT_TOPICS = events.EVENT_TOPICS
@@ -293,15 +295,12 @@ class Kafka(pulumi.ComponentResource):
                     "authentication": {"type": "scram-sha-512"},
                 }
             )
-        metrics_rules = k8s.core.v1.ConfigMap(
+        metrics_rules = self._jmx_rules(
             f"{name}-metrics",
-            metadata=kx.meta(
-                exporters.KAFKA_METRICS_CONFIG_MAP,
-                ns,
-                kx.labels(exporters.KAFKA_METRICS_CONFIG_MAP, "metrics", "datastore"),
-            ),
-            data={exporters.KAFKA_METRICS_KEY: exporters.KAFKA_JMX_RULES.read_text()},
-            opts=pulumi.ResourceOptions(parent=self),
+            ns,
+            exporters.KAFKA_METRICS_CONFIG_MAP,
+            exporters.KAFKA_METRICS_KEY,
+            exporters.KAFKA_JMX_RULES,
         )
         kafka = k8s.apiextensions.CustomResource(
             f"{name}-cluster",
@@ -363,11 +362,32 @@ class Kafka(pulumi.ComponentResource):
                 opts=after_kafka,
             )
         self._users(name, args, after_kafka)
+        mirror_opts = after_kafka
+        if args.peers:
+            mirror_rules = self._jmx_rules(
+                f"{name}-mirror-metrics",
+                ns,
+                exporters.MM2_METRICS_CONFIG_MAP,
+                exporters.MM2_METRICS_KEY,
+                exporters.MM2_JMX_RULES,
+            )
+            mirror_opts = pulumi.ResourceOptions(parent=self, depends_on=[kafka, mirror_rules])
         for peer in args.peers:
-            self._mirror(name, args, peer, after_kafka)
+            self._mirror(name, args, peer, mirror_opts)
         self.bootstrap_servers = f"{cluster}-kafka-bootstrap.{ns}.svc.cluster.local:{CLIENT_PORT}"
         self.topics = [t.name for t in topic_specs(args)]
         self.register_outputs({"bootstrap_servers": self.bootstrap_servers, "topics": self.topics})
+
+    def _jmx_rules(
+        self, resource: str, ns: str, config_map: str, key: str, rules: Path
+    ) -> k8s.core.v1.ConfigMap:
+        """The ConfigMap a Strimzi `metricsConfig` points at: one JMX exporter rule file."""
+        return k8s.core.v1.ConfigMap(
+            resource,
+            metadata=kx.meta(config_map, ns, kx.labels(config_map, "metrics", "datastore")),
+            data={key: rules.read_text()},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _users(self, name: str, args: KafkaArgs, opts: pulumi.ResourceOptions) -> None:
         """The services' and the registry's users, each with the password of its Secret."""
@@ -548,6 +568,28 @@ class Kafka(pulumi.ComponentResource):
                 "resources": {
                     "requests": {"cpu": "1", "memory": "2Gi"},
                     "limits": {"cpu": "2", "memory": "2Gi"},
+                },
+                # the JMX exporter agent in every pod, on port 9404: the cross-region
+                # replication SLO reads its replication latency; the pods job scrapes it by
+                # these annotations (the label is Strimzi's own, repeated as for the brokers)
+                "metricsConfig": {
+                    "type": "jmxPrometheusExporter",
+                    "valueFrom": {
+                        "configMapKeyRef": {
+                            "name": exporters.MM2_METRICS_CONFIG_MAP,
+                            "key": exporters.MM2_METRICS_KEY,
+                        }
+                    },
+                },
+                "template": {
+                    "pod": {
+                        "metadata": {
+                            "labels": {observability.NAME_LABEL: MIRROR_MAKER_APP},
+                            "annotations": observability.scrape_annotations(
+                                exporters.STRIMZI_METRICS_PORT
+                            ),
+                        }
+                    }
                 },
             },
             opts=opts,

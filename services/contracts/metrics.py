@@ -49,3 +49,7 @@ ENVOY_CLUSTER_RQ_XX = "envoy_cluster_upstream_rq_xx"
 ENVOY_CLUSTER_LABEL = "envoy_cluster_name"
 # the gateway's cluster for the read service (infra/envoy_config.READ_CLUSTER): its label value
 GATEWAY_READ_CLUSTER = "read_svc"
+
+# MirrorMaker 2's replication latency per mirrored partition, in ms (the seed's mm2_lag_seconds):
+# what infra/jmx/mirrormaker2.yaml names the MirrorSourceConnector's replication-latency-ms-max
+MM2_REPLICATION_LATENCY_MAX = "kafka_connect_mirror_source_connector_replication_latency_ms_max"
