@@ -22,9 +22,13 @@ __all__ = [
     "AGGREGATOR",
     "BAD_BIT",
     "BURN_RATE_ALERTS",
+    "CANARY",
+    "CANARY_DRIFT",
+    "CANARY_FAILING",
     "CDN_PURGE_FAILING",
     "COUNT_CACHE_REPLICATION",
     "COUNT_CACHE_SKEW",
+    "COUNT_FLICKER",
     "HOTKEY_OPERATOR",
     "HOTKEY_SAMPLER",
     "OUTBOX_RELAY",
@@ -466,6 +470,15 @@ SKEW_FLOOR_OPS = 100
 SKEW_THRESHOLD = 2.0  # max over mean cannot pass the primaries count: 3 locally, 12 in prod
 REPLICATION_LAG_THRESHOLD_S = 10
 
+# the canary (services/canary/core.py): a turn is a like or unlike through the gateway, then the
+# count read for the convergence hold and judged against the edge-store's truth
+CANARY_DRIFT = "CanaryDrift"
+COUNT_FLICKER = "CountFlicker"
+CANARY_FAILING = "CanaryFailing"
+CANARY = workloads.CANARY.name
+_TURNS = metric_names.CANARY_TURNS
+CANARY_DRIFT_THRESHOLD = 0.2  # a fifth of the judged turns still wrong after the hold
+
 
 def sli_rules() -> list[dict[str, Any]]:
     """redis_shard_qps_skew: the busiest count-cache primary's commands/s over the primaries'
@@ -484,6 +497,26 @@ def sli_rules() -> list[dict[str, Any]]:
             "record": REPLICATION_LAG_SECONDS,
             "expr": f"max by (instance) (redis_connected_slave_lag_seconds{{{_COUNT_CACHE}}})",
             "labels": {WORKLOAD_LABEL: "count-cache"},
+        },
+        # canary_drift_ratio: of the canary's judged turns (errors are not judged), the share
+        # whose count still differed from the edge-store's truth after the convergence hold
+        {
+            "record": metric_names.CANARY_DRIFT_RATIO,
+            "expr": (
+                f'sum(rate({_TURNS}{{result="drift"}}[15m]))\n/\n'
+                f'(sum(rate({_TURNS}{{result=~"match|drift"}}[15m])) > 0)'
+            ),
+            "labels": {WORKLOAD_LABEL: CANARY},
+        },
+        # count_flicker_per_user: reads after one's own like that showed a count below one
+        # already seen, per reading user and hour (each canary replica reads as one user)
+        {
+            "record": metric_names.COUNT_FLICKER_PER_USER,
+            "expr": (
+                f"sum(increase({metric_names.CANARY_FLICKERS}[1h]))\n/\n"
+                f"count({metric_names.CANARY_FLICKERS})"
+            ),
+            "labels": {WORKLOAD_LABEL: CANARY},
         },
     ]
 
@@ -551,6 +584,74 @@ def sli_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
                     "reads of those posts fall through to the counter-store until it is back."
                 ),
                 **_runbook_annotations("count-cache-replication-lag", runbook_base),
+            },
+        },
+        *_canary_alerts(runbook_base),
+    ]
+
+
+def _canary_alerts(runbook_base: str) -> list[dict[str, Any]]:
+    """Drift pages: the counts users see are wrong well after the data path had time to fold
+    them. A flicker is a ticket (a client-visible glitch, nothing lost). A canary that cannot
+    judge (its calls fail) or is not running leaves both SLIs blind: a ticket."""
+    return [
+        {
+            "alert": CANARY_DRIFT,
+            "expr": f"{metric_names.CANARY_DRIFT_RATIO} > {CANARY_DRIFT_THRESHOLD:g}",
+            "for": "10m",
+            "labels": {"severity": SEVERITY_PAGE, SERVICE_LABEL: CANARY},
+            "annotations": {
+                "summary": "The read path answers canary counts other than the truth",
+                "description": (
+                    "canary_drift_ratio {{ $value | humanizePercentage }}: that share of the "
+                    "canary's likes and unlikes still read wrong after the convergence hold."
+                ),
+                **_runbook_annotations("canary-drift", runbook_base),
+            },
+        },
+        {
+            "alert": COUNT_FLICKER,
+            "expr": f"{metric_names.COUNT_FLICKER_PER_USER} > 0",
+            "for": "30m",
+            "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: CANARY},
+            "annotations": {
+                "summary": "A reader saw a count drop after their own like",
+                "description": (
+                    "count_flicker_per_user {{ $value }} per hour: after its own like the "
+                    "canary read a count below one it had already seen."
+                ),
+                **_runbook_annotations("count-flicker", runbook_base),
+            },
+        },
+        {
+            "alert": CANARY_FAILING,
+            "expr": (
+                f'sum(rate({_TURNS}{{result="error"}}[15m]))\n/\nsum(rate({_TURNS}[15m])) > 0.5'
+            ),
+            "for": "15m",
+            "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: CANARY, "reason": "errors"},
+            "annotations": {
+                "summary": "Most canary turns fail before they can be judged",
+                "description": (
+                    "The canary's writes, reads or truth reads fail (its log names the step): "
+                    "canary_drift_ratio and count_flicker_per_user are blind meanwhile."
+                ),
+                **_runbook_annotations("canary-failing", runbook_base),
+            },
+        },
+        {
+            "alert": CANARY_FAILING,
+            "expr": f'absent(up{{{WORKLOAD_LABEL}="{CANARY}"}} == 1)',
+            "for": "10m",
+            "labels": {
+                "severity": SEVERITY_TICKET,
+                SERVICE_LABEL: CANARY,
+                "reason": "not-running",
+            },
+            "annotations": {
+                "summary": "No canary has been scraped for 10 minutes",
+                "description": "canary_drift_ratio and count_flicker_per_user are blind.",
+                **_runbook_annotations("canary-failing", runbook_base),
             },
         },
     ]

@@ -33,6 +33,7 @@ SECRET_FIELDS = frozenset(
         "ratelimitRedisPassword",
         "pagerdutyRoutingKey",
         "cdnPurgeToken",
+        "canaryToken",
         "etcdRootPassword",
         "etcdPassword",
         "scyllaAdminPassword",
@@ -218,6 +219,8 @@ class ServicesConfig(_Model):
     consumer_lag: ServiceScale = ServiceScale(
         min_replicas=1, max_replicas=1, cpu="100m", memory_mi=256
     )
+    # one canary user per region: a second replica would flip the same likes
+    canary: ServiceScale = ServiceScale(min_replicas=1, max_replicas=1, cpu="100m", memory_mi=256)
     operator_image: str
 
 
@@ -277,6 +280,9 @@ class StackConfig(_Model):
     schema_registry_password: SecretStr  # the services' registry login (basic auth)
     # a Cloudflare API token allowed to purge the zone's cache by tag (the aggregator's purger)
     cdn_purge_token: SecretStr
+    # the canary user's bearer token from the identity provider (services/canary), rotated out
+    # of band: `pulumi config set --secret likes:canaryToken`
+    canary_token: SecretStr
     pagerduty_routing_key: SecretStr | None = None
 
     @model_validator(mode="after")

@@ -30,8 +30,8 @@ from infra import k8s as kx
 from infra import tls as tls_infra
 from services.contracts import etcd as etcd_contract
 from services.contracts import kafka as kafka_contract
+from services.contracts import logins, tls, workloads
 from services.contracts import registry as registry_contract
-from services.contracts import tls, workloads
 from services.schema import cql_roles
 
 
@@ -226,11 +226,13 @@ def main() -> None:
                     workloads.OUTBOX_RELAY.name: cfg.services.outbox_relay,
                     workloads.AGGREGATOR.name: cfg.services.aggregator,
                     workloads.CONSUMER_LAG.name: cfg.services.consumer_lag,
+                    workloads.CANARY.name: cfg.services.canary,
                 },
                 env,
             ),
             redis_password=secret_password,
             cdn_purge_token=pulumi.Output.secret(cfg.cdn_purge_token.get_secret_value()),
+            canary_token=pulumi.Output.secret(cfg.canary_token.get_secret_value()),
             etcd_password=etcd_password,
             cassandra_password=scylla_password,
             kafka_password=kafka_password,
@@ -356,6 +358,11 @@ def workload_env(
             "hot_pools": ",".join(hot_pools),  # always-replicate (contracts/hotkeys.py)
         },
         workloads.READ.name: {"hot_pools": ",".join(hot_pools)},
+        # the public API, as users reach it: the CDN, the WAF and the gateway on its path
+        workloads.CANARY.name: {
+            "gateway_url": f"https://{cfg.cdn.hostname}",
+            "canary_token": kx.SecretRef(services.CANARY_SECRET, logins.CANARY_TOKEN_KEY),
+        },
         workloads.HOTKEY_OPERATOR.name: {"hot_pools": ",".join(hot_pools)},
     }
     return {

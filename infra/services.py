@@ -14,12 +14,13 @@ from infra import observability
 from infra import redis as redis_infra
 from infra import tls as tls_infra
 from infra.config import ServiceScale
-from services.contracts import etcd, registry, tls, workloads
+from services.contracts import etcd, logins, registry, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles
 
 AUTH_SECRET = redis_infra.AUTH_SECRET  # the Redis password Secret infra/redis.py creates
 CDN_PURGE_SECRET = "cdn-purge"  # key `token`: the aggregator purges the CDN with it
+CANARY_SECRET = logins.CANARY_SECRET  # the canary user's bearer token (services/canary)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ServicesArgs:
     services: Sequence[ServiceSpec]
     redis_password: pulumi.Input[str]
     cdn_purge_token: pulumi.Input[str]
+    canary_token: pulumi.Input[str]
     etcd_password: pulumi.Input[str]
     cassandra_password: pulumi.Input[str]
     kafka_password: pulumi.Input[str]
@@ -72,6 +74,7 @@ class Services(pulumi.ComponentResource):
         for secret, data in (
             (AUTH_SECRET, {"password": args.redis_password}),
             (CDN_PURGE_SECRET, {"token": args.cdn_purge_token}),
+            (CANARY_SECRET, {logins.CANARY_TOKEN_KEY: args.canary_token}),
             (etcd.AUTH_SECRET, {etcd.PASSWORD_KEY: args.etcd_password}),
             (cql_roles.AUTH_SECRET, {cql_roles.PASSWORD_KEY: args.cassandra_password}),
             (kafka_contract.AUTH_SECRET, {kafka_contract.PASSWORD_KEY: args.kafka_password}),
@@ -92,6 +95,13 @@ class Services(pulumi.ComponentResource):
                     f"{spec.name}.{ns}.svc.cluster.local:{spec.workload.port}"
                 )
         self.register_outputs({"upstreams": self.upstreams})
+
+    @staticmethod
+    def _rotation(spec: ServiceSpec, args: ServicesArgs) -> dict[str, pulumi.Input[str]]:
+        """The canary reads its token from the env at start: a rotated token rolls its pods."""
+        if spec.workload is not workloads.CANARY:
+            return {}
+        return {kx.CREDENTIALS_ANNOTATION: kx.credentials_digest({"token": args.canary_token})}
 
     def _service(self, spec: ServiceSpec, args: ServicesArgs) -> None:
         ns = args.namespace
@@ -130,9 +140,10 @@ class Services(pulumi.ComponentResource):
                 template=kx.core.PodTemplateSpecArgs(
                     metadata=kx.meta_v1.ObjectMetaArgs(
                         labels=lbls,
-                        annotations=observability.scrape_annotations(
-                            ops_port, workloads.METRICS_PATH
-                        ),
+                        annotations={
+                            **observability.scrape_annotations(ops_port, workloads.METRICS_PATH),
+                            **self._rotation(spec, args),
+                        },
                     ),
                     spec=kx.core.PodSpecArgs(
                         service_account_name=spec.name,

@@ -137,6 +137,10 @@ class Ports:
         return self._p(8800)  # metrics/health only
 
     @property
+    def canary(self) -> int:
+        return self._p(8900)  # metrics/health only
+
+    @property
     def issuer(self) -> int:
         return self._p(8700)  # the local identity provider (JWKS)
 

@@ -12,8 +12,10 @@ import json
 import os
 import secrets
 import sys
+import time
 from dataclasses import dataclass, field
 
+import jwt
 from pydantic import ValidationError
 
 from local import issuer, rendered
@@ -50,13 +52,16 @@ TRANSFORMS: tuple[Transform, ...] = (
         "env",
         "the identity provider's JWKS -> the local issuer; Cloudflare's API (purge by tag) -> "
         "the local webhook sink, which keeps every purge; the OTLP collector -> unset (no "
-        "collector runs locally, tracing is off)",
+        "collector runs locally, tracing is off); the public API the canary calls -> the local "
+        "gateway's listener (clients play the CDN here)",
         "no cloud accounts here; the local stand-ins keep what arrived for tests",
     ),
     Transform(
         "secret",
         "env",
-        "secretKeyRef -> the value in <stack home>/secrets/secrets.json, created on first start",
+        "secretKeyRef -> the value in <stack home>/secrets/secrets.json, created on first start "
+        "(the canary's token: signed by the local identity provider for logins.CANARY_USER, "
+        "signed again when it nears expiry)",
         "no Kubernetes Secrets here; the file never leaves the machine",
     ),
     Transform(
@@ -112,6 +117,8 @@ TRANSFORMS: tuple[Transform, ...] = (
 )
 
 SECRETS_FILE = "secrets.json"
+CANARY_TOKEN_TTL_S = 30 * 86400  # the local canary's token; signed again a day before it ends
+CANARY_TOKEN_RENEW_S = 86400
 CLOUDFLARE_SINK = "cloudflare"  # the sink's receiver name for Cloudflare API calls
 # the secrets the program references, and how a first start makes a local value for each
 REDIS_AUTH = "redis-auth/password"
@@ -159,6 +166,7 @@ def local_port(layout: Layout, workload: str) -> int:
         workloads.AGGREGATOR.name: p.aggregator,
         workloads.HOTKEY_OPERATOR.name: p.hotkey_operator,
         workloads.CONSUMER_LAG.name: p.consumer_lag,
+        workloads.CANARY.name: p.canary,
     }[workload]
 
 
@@ -181,6 +189,9 @@ def stack_secrets(layout: Layout) -> dict[str, str]:
         values = {}
     missing = {f"{s}/{k}": make() for (s, k), make in _SECRET_MAKERS.items()
                if not values.get(f"{s}/{k}")}  # fmt: skip
+    canary = f"{logins.CANARY_SECRET}/{logins.CANARY_TOKEN_KEY}"
+    if _expires_within(values.get(canary), CANARY_TOKEN_RENEW_S):
+        missing[canary] = sign_token(layout, logins.CANARY_USER, CANARY_TOKEN_TTL_S)
     if missing:
         values.update(missing)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +200,17 @@ def stack_secrets(layout: Layout) -> dict[str, str]:
         tmp.write_text(json.dumps(values, indent=2))
         tmp.replace(path)
     return values
+
+
+def _expires_within(token: str | None, seconds: float) -> bool:
+    """A missing or unreadable token, or one that expires within `seconds`."""
+    if not token:
+        return True
+    try:
+        exp = jwt.decode(token, options={"verify_signature": False})["exp"]
+    except (jwt.PyJWTError, KeyError):
+        return True
+    return bool(exp - time.time() < seconds)
 
 
 def _addresses(layout: Layout) -> dict[str, str | None]:
@@ -218,6 +240,7 @@ def _external(layout: Layout) -> dict[str, str | None]:
         "jwks_url": f"http://{HOST}:{layout.ports.issuer}{issuer.JWKS_PATH}",
         "cloudflare_api_url": f"http://{HOST}:{layout.ports.webhook_sink}/{CLOUDFLARE_SINK}",
         "otlp_endpoint": None,
+        "gateway_url": f"http://{HOST}:{layout.ports.gateway}",
     }
 
 

@@ -19,6 +19,8 @@ class Workload(Component):
         self.process = process
         self.name = process.workload.name
         self.requires = (*STORES, "hot-pools") if process.workload.kind == "operator" else STORES
+        if "gateway_url" in process.workload.uses:  # the canary calls the API through it
+            self.requires = (*self.requires, "gateway")
 
     @property
     def url(self) -> str:

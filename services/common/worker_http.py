@@ -4,6 +4,7 @@ LoopHealth, what a worker's /readyz says about its own loop."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -54,6 +55,15 @@ def serve(
     server = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="ops-http", daemon=True).start()
     return server
+
+
+def stop_event() -> threading.Event:
+    """An event SIGTERM (the kubelet stopping the pod) or SIGINT sets: a worker's loop runs
+    until it is set."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
 
 
 class LoopHealth:

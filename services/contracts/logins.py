@@ -17,3 +17,9 @@ class Credentials:
 # Secret, so the name lives here, where both already look for the platform's logins.
 RATELIMIT_REDIS_SECRET = "ratelimit-redis-auth"
 PASSWORD_KEY = "password"
+
+# The canary's bearer token (apps namespace), key "token": the program renders it into the
+# canary's env, the local stack signs one with its own identity provider for the canary user.
+CANARY_SECRET = "canary"
+CANARY_TOKEN_KEY = "token"
+CANARY_USER = "canary"  # the local token's subject; in a cluster, whoever the IdP issued it to

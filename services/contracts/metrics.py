@@ -53,3 +53,12 @@ GATEWAY_READ_CLUSTER = "read_svc"
 # MirrorMaker 2's replication latency per mirrored partition, in ms (the seed's mm2_lag_seconds):
 # what infra/jmx/mirrormaker2.yaml names the MirrorSourceConnector's replication-latency-ms-max
 MM2_REPLICATION_LATENCY_MAX = "kafka_connect_mirror_source_connector_replication_latency_ms_max"
+
+# the canary (services/canary): its turns by result (match | drift | error), the reads it made
+# after its own likes, and the flickers among them. The seed's canary_drift_ratio and
+# count_flicker_per_user are recorded from these (infra/alert_rules.py).
+CANARY_TURNS = "likes_canary_turns_total"
+CANARY_READS_AFTER_LIKE = "likes_canary_reads_after_like_total"
+CANARY_FLICKERS = "likes_canary_flickers_total"
+CANARY_DRIFT_RATIO = "likes_canary_drift_ratio"
+COUNT_FLICKER_PER_USER = "likes_count_flicker_per_user"

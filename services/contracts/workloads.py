@@ -43,6 +43,7 @@ SERVERS: dict[str, str | None] = {
     "jwks_url": None,
     "otlp_endpoint": None,
     "cloudflare_api_url": None,
+    "gateway_url": None,  # the canary: the public API, as users reach it
 }
 
 
@@ -136,6 +137,15 @@ CONSUMER_LAG = Workload(
     OPS_PORT,
     uses=("kafka_bootstrap",),
 )
+CANARY = Workload(
+    "canary",
+    "worker",
+    "services.canary",
+    "services.canary.settings:CanarySettings",
+    OPS_PORT,
+    # the API as a user calls it, and the edge-store for the reconciler's truth
+    uses=("gateway_url", "cassandra_hosts"),
+)
 HOTKEY_OPERATOR = Workload(
     "hotkey-operator",
     "operator",
@@ -148,7 +158,7 @@ HOTKEY_OPERATOR = Workload(
 # The abuse scorer joins when services/abuse exists (issue: anti-abuse scorer); until then the
 # program deploys nothing for it rather than a pod that crash-loops.
 SERVICES: tuple[Workload, ...] = (
-    WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR, CONSUMER_LAG
+    WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR, CONSUMER_LAG, CANARY
 )  # fmt: skip
 ALL: tuple[Workload, ...] = (*SERVICES, HOTKEY_OPERATOR)
 BY_NAME = {w.name: w for w in ALL}

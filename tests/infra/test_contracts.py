@@ -619,6 +619,7 @@ METRIC_MODULES = (
     "services.aggregator.metrics",
     "services.relay.core",
     "services.consumer_lag.metrics",
+    "services.canary.metrics",
     "services.hotkey_sampler.main",
     "operators.hotkeys.local_loop",
 )

@@ -39,6 +39,8 @@ AFFECTED: dict[str, set[str]] = {
     # the limiter and its Redis read it at start: both roll (the counters live a minute)
     "ratelimitRedisPassword": {"Deployment/ratelimit", "Deployment/ratelimit-redis"},
     "cdnPurgeToken": set(),
+    # the canary reads its token at start: its pods roll
+    "canaryToken": {"Deployment/canary"},
     "pagerdutyRoutingKey": set(),
 }
 # Setup Jobs that read a password but apply none: they only form the Redis Cluster, and a rerun

@@ -79,12 +79,17 @@ def _delivered(stack: Stack, receiver: str, name: str, status: str, after: float
     return False
 
 
-def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack: Stack) -> None:
+def test_a_hung_aggregator_pages_through_its_alerts_and_all_resolve(stack: Stack) -> None:
+    """Its own alert, the lag page, and the canary's drift page: the canary's likes go through
+    the gateway and the write path, the hung aggregator never folds them, and the count it reads
+    after the convergence hold is not the edge-store's truth."""
     stalled = _named(alert_rules.AGGREGATOR_STALLED, reason="not-running")
     lag_slo = next(s for s in alert_rules.default_slos() if s.name == "consumer-lag")
     lagging = _named(alert_rules.alert_name(lag_slo), long_window="1h")
+    drifting = _named(alert_rules.CANARY_DRIFT)
     _quiet(stack, "AggregatorStalled", stalled)
     _quiet(stack, "the consumer-lag page", lagging)
+    _quiet(stack, "CanaryDrift", drifting)
     pid = int(stack.status()[workloads.AGGREGATOR.name]["pid"])
     injected = time.time()
     os.kill(pid, signal.SIGSTOP)  # hung: its scrapes time out, it consumes nothing
@@ -96,6 +101,9 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
         burn = _wait(stack, "the consumer-lag page", lagging, "firing", 240)
         assert _at(burn["started_at"]) > injected
         assert burn["labels"]["severity"] == alert_rules.SEVERITY_PAGE
+        drift = _wait(stack, "CanaryDrift", drifting, "firing", 240)
+        assert _at(drift["started_at"]) > injected
+        assert drift["runbook_url"] == "runbooks/canary-drift.md"
         # `likes slo` reads the same burn from Prometheus: above the page's 14.4 over "1h"
         # (a local minute), and budget spent
         slos = {r["slo"]: r for r in json.loads(stack.cli("slo", "--json").stdout)}
@@ -119,11 +127,30 @@ def test_a_hung_aggregator_pages_through_both_its_alerts_and_both_resolve(stack:
     _timing(
         alert_rules.alert_name(lag_slo), burn["started_at"], injected, done["ended_at"], resumed
     )
+    done = _wait(stack, "CanaryDrift", _after(drifting, resumed), "resolved", 300)
+    _timing("CanaryDrift", drift["started_at"], injected, done["ended_at"], resumed)
+    healthy_from = time.time()
     # and they stay resolved: nothing flaps back within a few evaluations (a hold, not a wait:
     # a one-sided check would pass on a resolution that fires again at the next evaluation)
     time.sleep(20)
-    again = [a for a in _alerts(stack) if a["state"] == "firing" and (stalled(a) or lagging(a))]
+    again = [
+        a
+        for a in _alerts(stack)
+        if a["state"] == "firing" and (stalled(a) or lagging(a) or drifting(a))
+    ]
     assert again == [], again
+    # the canary judges turns again once it resolved, and they match the truth
+    turns = metric_names.CANARY_TURNS
+
+    def since(result: str) -> float:
+        window = f"{time.time() - healthy_from + 15:.0f}s"
+        return _query(stack, f'sum(increase({turns}{{result="{result}"}}[{window}])) or vector(0)')
+
+    deadline = time.monotonic() + 120
+    while since("match") < 1:
+        assert time.monotonic() < deadline, "the canary judged no turn after the resolution"
+        time.sleep(5)
+    assert since("drift") < 1, "the canary still drifts after the aggregator resumed"
 
 
 def _quiet(stack: Stack, what: str, match: Match, timeout: float = 240) -> None:
