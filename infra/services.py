@@ -98,10 +98,16 @@ class Services(pulumi.ComponentResource):
 
     @staticmethod
     def _rotation(spec: ServiceSpec, args: ServicesArgs) -> dict[str, pulumi.Input[str]]:
-        """The canary reads its token from the env at start: a rotated token rolls its pods."""
-        if spec.workload is not workloads.CANARY:
+        """A token a workload reads from its env at start (the canary's bearer token, the
+        aggregator's CDN purge token): a rotated one rolls its pods, or they would keep the old
+        one until they happened to restart."""
+        tokens = {
+            workloads.CANARY.name: args.canary_token,
+            workloads.AGGREGATOR.name: args.cdn_purge_token,
+        }
+        if spec.name not in tokens:
             return {}
-        return {kx.CREDENTIALS_ANNOTATION: kx.credentials_digest({"token": args.canary_token})}
+        return {kx.CREDENTIALS_ANNOTATION: kx.credentials_digest({"token": tokens[spec.name]})}
 
     def _service(self, spec: ServiceSpec, args: ServicesArgs) -> None:
         ns = args.namespace

@@ -34,12 +34,12 @@ AFFECTED: dict[str, set[str]] = {
     # the registry loads its password file at start; the registration Job proves the new login
     "schemaRegistryPassword": {"Job/schema-registry-register", "Deployment/schema-registry"},
     # no setup step applies these: Redis takes requirepass from its config file at start, the
-    # purge token and the PagerDuty key are read where they are used
+    # PagerDuty key is read where it is used
     "redisPassword": set(),
     # the limiter and its Redis read it at start: both roll (the counters live a minute)
     "ratelimitRedisPassword": {"Deployment/ratelimit", "Deployment/ratelimit-redis"},
-    "cdnPurgeToken": set(),
-    # the canary reads its token at start: its pods roll
+    # the aggregator and the canary read their tokens at start: their pods roll
+    "cdnPurgeToken": {"Deployment/aggregator"},
     "canaryToken": {"Deployment/canary"},
     "pagerdutyRoutingKey": set(),
 }
