@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from local import rendered, transforms
 from local.components.base import Component, Server, http_probe
+from local.components.gateway import Gateway
 from local.layout import HOST, REPO_ROOT, Layout
 from services.contracts import workloads
 
@@ -20,7 +21,7 @@ class Workload(Component):
         self.name = process.workload.name
         self.requires = (*STORES, "hot-pools") if process.workload.kind == "operator" else STORES
         if "gateway_url" in process.workload.uses:  # the canary calls the API through it
-            self.requires = (*self.requires, "gateway")
+            self.requires = (*self.requires, Gateway.name)
 
     @property
     def url(self) -> str:
