@@ -63,15 +63,23 @@ def stack_env(stack: Stack) -> dict[str, str]:
     }
 
 
+def rest_second_writers(stack: Stack) -> None:
+    """The stack's own aggregator would fold these tests' events into the same cells first (a
+    correct second writer, but the tests count what *their* aggregator applies), and the
+    canary's likes would be among the events a test's group replays: both rest for the module,
+    and again after any `stack.up()` (left running, the stack's aggregator wins the later tests'
+    gen-CAS: their posts then look unchanged to their own aggregator, which purges nothing)."""
+    for name in (workloads.AGGREGATOR.name, workloads.CANARY.name):
+        stack.cli("local", "stop", name)
+
+
 @pytest.fixture(scope="module")
 def env(stack: Stack) -> Iterator[dict[str, str]]:
     # the stack's bootstrap creates the topics; ensuring again is idempotent and makes this
     # module independent of that
     specs = transforms.topic_specs(stack.layout, stack.layout.stack)
     topics.ensure(stack.kafka_config(), stack.layout.kafka_brokers, specs)
-    # the stack's own aggregator would fold these tests' events into the same cells first (a
-    # correct second writer, but the tests count what *their* aggregator applies): pause it
-    stack.cli("local", "stop", "aggregator")
+    rest_second_writers(stack)
     try:
         yield stack_env(stack)
     finally:
@@ -449,7 +457,7 @@ def test_writes_a_count_cache_failover_lost_are_written_again(
             fresh.close()
     finally:
         stack.up()  # the killed node rejoins as a replica...
-        stack.cli("local", "stop", "aggregator")  # ...and `up` restarted the stack's aggregator
+        rest_second_writers(stack)  # ...and `up` restarted the stack's aggregator and canary
 
 
 def in_filter(rc: RedisCluster, user: str, post: str) -> bool:
@@ -568,19 +576,7 @@ def metric(text: str, name: str) -> float:
     return total
 
 
-@pytest.fixture
-def no_canary(stack: Stack) -> Iterator[None]:
-    """The canary's likes rest: a test that counts every event its group replays would count
-    theirs too (its group starts at the topics' ends, and the canary keeps producing)."""
-    stack.cli("local", "stop", workloads.CANARY.name)
-    try:
-        yield
-    finally:
-        stack.up()
-
-
 def test_crash_between_cell_writes_and_offset_commit_applies_nothing_twice(
-    no_canary: None,  # first: before `settings` takes the topics' ends for its group
     settings: AggregatorSettings, env: dict[str, str], producer: Producer, serialize: Any,
     session: Session, rc: RedisCluster, tmp_path: Path,
 ) -> None:  # fmt: skip
