@@ -20,13 +20,16 @@ from services.contracts import metrics as metric_names
 
 __all__ = [
     "AGGREGATOR",
+    "API_ROUTES",
     "BAD_BIT",
     "BURN_RATE_ALERTS",
     "CANARY",
     "CANARY_DRIFT",
     "CANARY_FAILING",
     "CDN_PURGE_FAILING",
+    "COUNT_CACHE_PRIMARY_OPS",
     "COUNT_CACHE_REPLICATION",
+    "COUNT_CACHE_SELECTOR",
     "COUNT_CACHE_SKEW",
     "COUNT_FLICKER",
     "HOTKEY_OPERATOR",
@@ -154,11 +157,13 @@ API_ROUTES = 'route=~"/v1/.+"'
 
 
 def _requests_error_ratio(service: str, bad: str) -> str:
-    """Bad requests over all API requests of a service."""
+    """Bad requests over all API requests of a service: 0 while requests come and none is bad
+    (a status never answered has no series, and nothing over something is 0, not no data);
+    no series without requests."""
     api = f'{SERVICE_LABEL}="{service}",{API_ROUTES}'
     return (
-        f"sum(rate(likes_http_requests_total{{{api},{bad}}}[{{window}}]))\n"
-        f"/\nsum(rate(likes_http_requests_total{{{api}}}[{{window}}]))"
+        f"(sum(rate({metric_names.HTTP_REQUESTS}{{{api},{bad}}}[{{window}}])) or vector(0))\n"
+        f"/\nsum(rate({metric_names.HTTP_REQUESTS}{{{api}}}[{{window}}]))"
     )
 
 
@@ -183,10 +188,11 @@ def _read_error_ratio() -> str:
 def _latency_error_ratio(service: str, le: str) -> str:
     """API requests slower than `le` seconds (a bucket boundary) over all API requests."""
     api = f'{SERVICE_LABEL}="{service}",{API_ROUTES}'
+    hist = metric_names.HTTP_DURATION
     return (
         f"1 - (\n"
-        f'  sum(rate(likes_http_request_duration_seconds_bucket{{{api},le="{le}"}}[{{window}}]))\n'
-        f"  /\n  sum(rate(likes_http_request_duration_seconds_count{{{api}}}[{{window}}]))\n)"
+        f'  sum(rate({hist}_bucket{{{api},le="{le}"}}[{{window}}]))\n'
+        f"  /\n  sum(rate({hist}_count{{{api}}}[{{window}}]))\n)"
     )
 
 
@@ -459,11 +465,11 @@ REPLICATION_LAG_SECONDS = "likes_replication_lag_seconds"
 COUNT_CACHE_SKEW = "CountCacheShardSkew"
 COUNT_CACHE_REPLICATION = "CountCacheReplicationLag"
 # the redis job labels each Redis with the workload its pod is (infra/observability.py)
-_COUNT_CACHE = f'{WORKLOAD_LABEL}="count-cache"'
+COUNT_CACHE_SELECTOR = f'{WORKLOAD_LABEL}="count-cache"'
 # commands per second of each count-cache primary (a replica serves no reads here)
-_PRIMARY_OPS = (
-    f"rate(redis_commands_processed_total{{{_COUNT_CACHE}}}[1m])\n"
-    f'  and on (instance) redis_instance_info{{{_COUNT_CACHE},role="master"}}'
+COUNT_CACHE_PRIMARY_OPS = (
+    f"rate(redis_commands_processed_total{{{COUNT_CACHE_SELECTOR}}}[1m])\n"
+    f'  and on (instance) redis_instance_info{{{COUNT_CACHE_SELECTOR},role="master"}}'
 )
 # below this many commands/s in all, skew is noise (one client's retries), not a hot shard
 SKEW_FLOOR_OPS = 100
@@ -490,20 +496,25 @@ def sli_rules() -> list[dict[str, Any]]:
     return [
         {
             "record": REDIS_SHARD_QPS_SKEW,
-            "expr": f"max(\n  {_PRIMARY_OPS}\n)\n/\navg(\n  {_PRIMARY_OPS}\n) > 0",
+            "expr": (
+                f"max(\n  {COUNT_CACHE_PRIMARY_OPS}\n)\n/\navg(\n  {COUNT_CACHE_PRIMARY_OPS}\n) > 0"
+            ),
             "labels": {WORKLOAD_LABEL: "count-cache"},
         },
         {
             "record": REPLICATION_LAG_SECONDS,
-            "expr": f"max by (instance) (redis_connected_slave_lag_seconds{{{_COUNT_CACHE}}})",
+            "expr": (
+                f"max by (instance) (redis_connected_slave_lag_seconds{{{COUNT_CACHE_SELECTOR}}})"
+            ),
             "labels": {WORKLOAD_LABEL: "count-cache"},
         },
         # canary_drift_ratio: of the canary's judged turns (errors are not judged), the share
         # whose count still differed from the edge-store's truth after the convergence hold
+        # (0 when none did, though a canary that never drifted has no drift series)
         {
             "record": metric_names.CANARY_DRIFT_RATIO,
             "expr": (
-                f'sum(rate({_TURNS}{{result="drift"}}[15m]))\n/\n'
+                f'(sum(rate({_TURNS}{{result="drift"}}[15m])) or vector(0))\n/\n'
                 f'(sum(rate({_TURNS}{{result=~"match|drift"}}[15m])) > 0)'
             ),
             "labels": {WORKLOAD_LABEL: CANARY},
@@ -530,7 +541,7 @@ def sli_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
             "alert": COUNT_CACHE_SKEW,
             "expr": (
                 f"{REDIS_SHARD_QPS_SKEW} > {SKEW_THRESHOLD:g}\n"
-                f"and on () sum({_PRIMARY_OPS}) > {SKEW_FLOOR_OPS}"
+                f"and on () sum({COUNT_CACHE_PRIMARY_OPS}) > {SKEW_FLOOR_OPS}"
             ),
             "for": "10m",
             "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: "count-cache"},
@@ -566,9 +577,9 @@ def sli_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
             "alert": COUNT_CACHE_REPLICATION,
             "expr": (
                 "min(redis_connected_slaves{"
-                + _COUNT_CACHE
+                + COUNT_CACHE_SELECTOR
                 + "}\n  and on (instance) redis_instance_info{"
-                + _COUNT_CACHE
+                + COUNT_CACHE_SELECTOR
                 + ',role="master"}) < 1'
             ),
             "for": "5m",

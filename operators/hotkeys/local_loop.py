@@ -19,14 +19,15 @@ from operators.hotkeys.reconciler import EtcdUnavailable, Reconciler
 from operators.hotkeys.settings import OperatorSettings
 from services.common import observability, worker_http
 from services.contracts import keys
+from services.contracts import metrics as metric_names
 from services.contracts.workloads import HOTKEY_OPERATOR as WORKLOAD
 
 log = logging.getLogger("hotkeys.operator")
 
 POLICY_KEY = keys.FLAGS_PREFIX + "hotkey-policy"
-HOT_KEYS = Gauge("likes_hotkeys_hot", "Posts the operator holds hot")
-SPLIT_KEYS = Gauge("likes_hotkeys_split", "Posts split by the operator")
-ERRORS = Counter("likes_hotkeys_reconcile_errors_total", "Failed reconcile passes", ["kind"])
+HOT_KEYS = Gauge(metric_names.HOTKEYS_HOT, "Posts the operator holds hot")
+SPLIT_KEYS = Gauge(metric_names.HOTKEYS_SPLIT, "Posts split by the operator")
+ERRORS = Counter(metric_names.HOTKEYS_RECONCILE_ERRORS, "Failed reconcile passes", ["kind"])
 
 
 async def read_policy(reconciler: Reconciler, current: Policy) -> Policy:

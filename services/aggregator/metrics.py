@@ -6,23 +6,21 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.contracts import metrics as names
 
-EVENTS = Counter("likes_aggregator_events_consumed_total", "Messages consumed", ["topic"])
-APPLIED = Counter(
-    "likes_aggregator_events_applied_total", "Events folded into a counter-store cell"
-)
+EVENTS = Counter(names.AGGREGATOR_EVENTS_CONSUMED, "Messages consumed", ["topic"])
+APPLIED = Counter(names.AGGREGATOR_EVENTS_APPLIED, "Events folded into a counter-store cell")
 REPLAYED = Counter(
     "likes_aggregator_events_replay_skipped_total",
     "Events skipped because their cell already holds their offset (a replay)",
 )
 DEDUP_HITS = Counter(
-    "likes_aggregator_dedup_hits_total", "Duplicate publications of an intent, not counted"
+    names.AGGREGATOR_DEDUP_HITS, "Duplicate publications of an intent, not counted"
 )
-WINDOWS = Counter("likes_aggregator_windows_flushed_total", "Windows flushed and committed")
+WINDOWS = Counter(names.AGGREGATOR_WINDOWS_FLUSHED, "Windows flushed and committed")
 FLUSH_FAILURES = Counter(
     names.AGGREGATOR_FLUSH_FAILURES, "Window flush attempts that failed (then retried)"
 )
 FLUSH_SECONDS = Histogram(
-    "likes_aggregator_flush_seconds",
+    names.AGGREGATOR_FLUSH_SECONDS,
     "Time to flush one window (cells, aggregates, purge, commit)",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
@@ -33,7 +31,7 @@ STORE_BATCHES = Counter(
     "likes_aggregator_store_batches_total", "Posts whose cells a window wrote (one row set each)"
 )
 COLLAPSE = Gauge(
-    "likes_aggregator_collapse_factor", "Events per counter-store cell write, last window"
+    names.AGGREGATOR_COLLAPSE_FACTOR, "Events per counter-store cell write, last window"
 )
 CACHE_WRITES = Counter(
     "likes_aggregator_cache_writes_total",
@@ -63,7 +61,7 @@ CACHE_REDRIVES = Counter(
     "adds were written again, since asynchronous replication may have lost them",
 )
 HOT_POOL_COPIES = Counter(
-    "likes_aggregator_hot_pool_copies_total",
+    names.AGGREGATOR_HOT_POOL_COPIES,
     "Aggregates copied into the hot pools by always-replicate, by result "
     "(written, stale: a newer gen was there, failed, skipped: pool cooling down after a failure)",
     ["result"],
@@ -82,7 +80,7 @@ PURGE_RETRIES = Counter(names.CDN_PURGE_RETRIES, "CDN purge calls retried after 
 PURGE_DROPPED = Counter(
     names.CDN_PURGE_DROPPED, "Surrogate keys not purged because the pending set was full"
 )
-DLQ = Counter("likes_aggregator_dead_letter_total", "Messages sent to the dead-letter topic")
+DLQ = Counter(names.AGGREGATOR_DEAD_LETTERS, "Messages sent to the dead-letter topic")
 DLQ_FAILURES = Counter(
     "likes_aggregator_dead_letter_failures_total",
     "Poison messages the dead-letter topic refused: logged in full and skipped",

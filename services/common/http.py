@@ -15,13 +15,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common import observability
+from services.contracts import metrics as metric_names
 from services.contracts import workloads
 
 REQUESTS = Counter(
-    "likes_http_requests_total", "HTTP requests by route and status", ["service", "route", "status"]
+    metric_names.HTTP_REQUESTS, "HTTP requests by route and status", ["service", "route", "status"]
 )
 DURATION = Histogram(
-    "likes_http_request_duration_seconds",
+    metric_names.HTTP_DURATION,
     "HTTP request duration by route",
     ["service", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),

@@ -1,7 +1,39 @@
-"""Metric names another layer reads (the alert rules in infra/alert_rules.py), defined once: the
-code that exports a metric and the rule that alerts on it import the name from here."""
+"""Metric names another layer reads (the alert rules in infra/alert_rules.py, the dashboards in
+infra/dashboards.py), defined once: the code that exports a metric and the rule or panel that
+reads it import the name from here."""
 
 from __future__ import annotations
+
+# every service's RED metrics (services/common/http.py), labelled service, route, status
+HTTP_REQUESTS = "likes_http_requests_total"
+HTTP_DURATION = "likes_http_request_duration_seconds"  # a histogram: _bucket, _count, _sum
+
+# the aggregator's loop (services/aggregator/metrics.py)
+AGGREGATOR_EVENTS_CONSUMED = "likes_aggregator_events_consumed_total"  # label topic
+AGGREGATOR_EVENTS_APPLIED = "likes_aggregator_events_applied_total"
+AGGREGATOR_DEDUP_HITS = "likes_aggregator_dedup_hits_total"
+AGGREGATOR_WINDOWS_FLUSHED = "likes_aggregator_windows_flushed_total"
+AGGREGATOR_FLUSH_SECONDS = "likes_aggregator_flush_seconds"  # a histogram
+AGGREGATOR_COLLAPSE_FACTOR = "likes_aggregator_collapse_factor"
+AGGREGATOR_DEAD_LETTERS = "likes_aggregator_dead_letter_total"
+AGGREGATOR_HOT_POOL_COPIES = "likes_aggregator_hot_pool_copies_total"  # label result
+
+# the outbox relay (services/relay/core.py)
+OUTBOX_BACKLOG = "likes_outbox_backlog"
+OUTBOX_PUBLISHED = "likes_outbox_published_total"
+OUTBOX_PUBLISH_FAILURES = "likes_outbox_publish_failures_total"
+OUTBOX_RELAY_MEMBERS = "likes_outbox_relay_members"
+
+# the read service's own (services/read/metrics.py, services/read/hotkeys.py)
+READ_HOT_POOL = "likes_read_hot_pool_total"  # label result
+READ_DEPENDENCY_ERRORS = "likes_read_dependency_errors_total"  # label dependency
+
+# hot keys: the sampler's flags and the operator's (or the local loop's) decisions
+SAMPLER_SAMPLES = "likes_sampler_samples_total"
+SAMPLER_PUBLISHED_POSTS = "likes_sampler_published_posts"
+HOTKEYS_HOT = "likes_hotkeys_hot"
+HOTKEYS_SPLIT = "likes_hotkeys_split"
+HOTKEYS_RECONCILE_ERRORS = "likes_hotkeys_reconcile_errors_total"
 
 # the aggregator's CDN purges (services/aggregator/purge.py)
 CDN_PURGED = "likes_aggregator_cdn_purged_total"

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from services.common import heap, http, observability
 from services.contracts import etcd, routes
+from services.contracts import metrics as metric_names
 from services.contracts.workloads import HOTKEY_SAMPLER as WORKLOAD
 from services.hotkey_sampler.publisher import EtcdPublisher
 from services.hotkey_sampler.settings import SamplerSettings
@@ -26,9 +27,9 @@ from services.hotkey_sampler.window import DecayingTopK, with_hysteresis
 
 log = logging.getLogger("hotkey_sampler")
 
-SAMPLES = Counter("likes_sampler_samples_total", "Sampled reads received")
+SAMPLES = Counter(metric_names.SAMPLER_SAMPLES, "Sampled reads received")
 PUBLISH_ERRORS = Counter("likes_sampler_publish_errors_total", "Failed publishes to etcd")
-PUBLISHED = Gauge("likes_sampler_published_posts", "Posts currently flagged hot in etcd")
+PUBLISHED = Gauge(metric_names.SAMPLER_PUBLISHED_POSTS, "Posts currently flagged hot in etcd")
 
 
 class MirroredBatch(BaseModel):

@@ -26,13 +26,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from services.contracts import hotkeys, keys
+from services.contracts import metrics as metric_names
 from services.read.core import Aggregate, CountCache
 from services.read.metrics import Children
 from services.read.stores import AGGREGATE_FIELDS, parse_aggregate
 
 log = logging.getLogger("read.hotkeys")
 
-HOT_POOL_READS = Counter("likes_read_hot_pool_total", "Hot-pool reads", ["result"])
+HOT_POOL_READS = Counter(metric_names.READ_HOT_POOL, "Hot-pool reads", ["result"])
 _HOT_POOL_READS = Children(HOT_POOL_READS)
 LOCALLY_HOT = Counter(
     "likes_read_locally_hot_total",

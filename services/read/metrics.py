@@ -46,7 +46,7 @@ BLOOM_REBUILDS = Counter(
     ["outcome"],
 )
 DEPENDENCY_ERRORS = Counter(
-    "likes_read_dependency_errors_total",
+    names.READ_DEPENDENCY_ERRORS,
     "Failed or refused calls to a dependency (count-cache, counter-store, edge-store)",
     ["dependency"],
 )

@@ -31,13 +31,13 @@ from services.write.core import OUTBOX_SHARDS, Publisher
 
 log = logging.getLogger("relay")
 
-BACKLOG = Gauge("likes_outbox_backlog", "Outbox events waiting to be published (last pass)")
+BACKLOG = Gauge(names.OUTBOX_BACKLOG, "Outbox events waiting to be published (last pass)")
 OLDEST = Gauge(names.OUTBOX_OLDEST_AGE, "Age of the oldest unpublished outbox event")
 LOOP_TIMESTAMP = Gauge(
     names.OUTBOX_RELAY_LOOP_TIMESTAMP, "Unix time the relay's loop last went round (a heartbeat)"
 )
-PUBLISHED = Counter("likes_outbox_published_total", "Outbox events the relay published")
-FAILED = Counter("likes_outbox_publish_failures_total", "Relay publish attempts that failed")
+PUBLISHED = Counter(names.OUTBOX_PUBLISHED, "Outbox events the relay published")
+FAILED = Counter(names.OUTBOX_PUBLISH_FAILURES, "Relay publish attempts that failed")
 # "likes_<who>_dead_letter_total": the DeadLetterGrowth alert sums every such counter
 DEAD_LETTERED = Counter(
     "likes_outbox_dead_letter", "Outbox rows the relay gave up on and sent to likes.dead-letter"

@@ -25,6 +25,7 @@ from cassandra.query import ConsistencyLevel
 from prometheus_client import Gauge
 
 from services.contracts import convergence, metrics
+from services.contracts import metrics as metric_names
 from services.contracts.clients import CASSANDRA_ERRORS
 
 log = logging.getLogger("relay.leases")
@@ -40,7 +41,7 @@ UNOWNED = Gauge(
     metrics.OUTBOX_RELAY_UNOWNED_SHARDS,
     "Outbox shards with no relay lease, as the lease table showed this replica at its renewal",
 )
-MEMBERS = Gauge("likes_outbox_relay_members", "Live relay replicas this replica sees")
+MEMBERS = Gauge(metric_names.OUTBOX_RELAY_MEMBERS, "Live relay replicas this replica sees")
 
 
 def assign(members: Sequence[str], shards: int) -> dict[str, frozenset[int]]:
