@@ -1,7 +1,8 @@
 """Observability: OpenTelemetry Collector in two tiers (a load-balancing tier that routes every
 span of a trace to one sampler, and the tail-sampling tier with a disk buffer; its config comes
 from infra/otel_config), Tempo, Prometheus remote-writing to Mimir with the generated alert rules,
-and Alertmanager: pages to PagerDuty, tickets to a webhook, the Watchdog to a dead man's switch."""
+Alertmanager (pages to PagerDuty, tickets to a webhook, the Watchdog to a dead man's switch), and
+Grafana showing the dashboards of infra/dashboards.py, read-only."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import alert_rules, exporters, otel_config
+from infra import alert_rules, dashboards, exporters, otel_config
 from infra import k8s as kx
 
 OTLP_GRPC = 4317
@@ -34,6 +35,28 @@ PROMETHEUS_PORT = 9090
 ALERTMANAGER_PORT = 9093
 ALERTMANAGER_CLUSTER_PORT = 9094  # the replicas' gossip (memberlist: TCP and UDP)
 ALERTMANAGER_REPLICAS = 3
+# Grafana: the dashboards as code, provisioned read-only; nobody logs in (anonymous viewers, no
+# login form), so no admin password exists to leak, and a change goes through infra/dashboards.py.
+# Reached with `kubectl port-forward svc/grafana 3000` (a port-forward is not network traffic).
+GRAFANA_IMAGE = "grafana/grafana:10.4.2"  # the 10.x schema grafana-foundation-sdk generates
+GRAFANA_PORT = 3000
+GRAFANA_UID = 472  # the image's grafana user
+GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
+GRAFANA_DATA = "/var/lib/grafana"
+GRAFANA_ENV = {
+    "GF_PATHS_DATA": GRAFANA_DATA,
+    "GF_PATHS_PROVISIONING": GRAFANA_PROVISIONING,
+    "GF_AUTH_ANONYMOUS_ENABLED": "true",
+    "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+    "GF_AUTH_DISABLE_LOGIN_FORM": "true",
+    "GF_AUTH_BASIC_ENABLED": "false",
+    "GF_USERS_ALLOW_SIGN_UP": "false",
+    # no egress to grafana.com: nothing to report to or update from
+    "GF_ANALYTICS_REPORTING_ENABLED": "false",
+    "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
+    "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",
+}
+
 # Alertmanager's default (global.pagerduty_url), named in the rendered receiver so that what
 # the NetworkPolicy opens is read from the config
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -299,6 +322,42 @@ def alertmanager_config(has_pager: bool, receivers: AlertReceivers) -> dict[str,
     return {"route": route, "receivers": out}
 
 
+def grafana_provisioning(prometheus_url: str) -> dict[str, str]:
+    """Grafana's provisioning files (key -> path under GRAFANA_PROVISIONING): the Prometheus
+    datasource the dashboards name by uid, and the file provider that loads them read-only."""
+    datasources = {
+        "apiVersion": 1,
+        "datasources": [
+            {
+                "name": "Prometheus",
+                "uid": dashboards.DATASOURCE_UID,
+                "type": "prometheus",
+                "access": "proxy",
+                "url": prometheus_url,
+                "isDefault": True,
+                "editable": False,
+            }
+        ],
+    }
+    providers = {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "likes",
+                "type": "file",
+                "disableDeletion": True,
+                "allowUiUpdates": False,
+                "updateIntervalSeconds": 60,
+                "options": {"path": dashboards.MOUNT_PATH},
+            }
+        ],
+    }
+    return {
+        "datasources/prometheus.yaml": yaml.safe_dump(datasources, sort_keys=False),
+        "dashboards/likes.yaml": yaml.safe_dump(providers, sort_keys=False),
+    }
+
+
 def dials(
     ns: str,
     front: Mapping[str, Any],
@@ -306,6 +365,7 @@ def dials(
     prometheus: Mapping[str, Any],
     alerting: Mapping[str, Any],
     alertmanager_peers: Sequence[str],
+    grafana: Mapping[str, str],
 ) -> list[kx.Dial]:
     """The connections the rendered configs make (infra/netpol.py opens exactly these; the
     workloads' own, to the collector, follow their env): read from the configs, so a new
@@ -333,6 +393,8 @@ def dials(
     out += [
         kx.Dial(ns, "alertmanager", peer, "gossip", ("TCP", "UDP")) for peer in alertmanager_peers
     ]
+    for source in yaml.safe_load(grafana["datasources/prometheus.yaml"])["datasources"]:
+        out.append(kx.Dial(ns, "grafana", source["url"], "the dashboards' queries"))
     return out
 
 
@@ -466,10 +528,89 @@ class Observability(pulumi.ComponentResource):
         # the services export with the OTLP/HTTP SDK: the full traces URL of the HTTP receiver
         self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_HTTP}/v1/traces"
         self.prometheus_url = f"http://{in_cluster('prometheus', ns, PROMETHEUS_PORT)}"
-        self.dials = dials(ns, front, sampler, prometheus, alerting, peers)
+        grafana = grafana_provisioning(self.prometheus_url)
+        self._grafana(grafana)
+        self.dials = dials(ns, front, sampler, prometheus, alerting, peers, grafana)
         self.register_outputs(
             {"otlp_endpoint": self.otlp_endpoint, "prometheus_url": self.prometheus_url}
         )
+
+    def _grafana(self, provisioning: dict[str, str]) -> None:
+        """Grafana: stateless (its database holds nothing the provisioning does not recreate),
+        two replicas behind one Service; the dashboards come from their own ConfigMap."""
+        app, ns = "grafana", self._args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        lbls = kx.labels(app, "dashboards", "observability")
+        match = kx.selector(app)
+        # a ConfigMap key has no "/": each file is stored flat and mounted at its path
+        keys = {path: path.replace("/", "--") for path in provisioning}
+        files = {keys[path]: text for path, text in provisioning.items()}
+        self._config(app, lbls, files)
+        k8s.core.v1.ConfigMap(
+            dashboards.CONFIG_MAP,
+            metadata=kx.meta(dashboards.CONFIG_MAP, ns, lbls),
+            data=dashboards.render(),
+            opts=child,
+        )
+        kx.service_account(app, ns, lbls, child)
+        kx.headless_service(app, ns, lbls, match, {"http": GRAFANA_PORT}, child, headless=False)
+        provisioning_volume = kx.core.VolumeArgs(
+            name="provisioning",
+            config_map=kx.core.ConfigMapVolumeSourceArgs(
+                name=config_map_name(app),
+                items=[kx.core.KeyToPathArgs(key=k, path=p) for p, k in keys.items()],
+            ),
+        )
+        probe = kx.http_probe("/api/health", GRAFANA_PORT)
+        k8s.apps.v1.Deployment(
+            app,
+            metadata=kx.meta(app, ns, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=2,
+                selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
+                template=kx.core.PodTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.core.PodSpecArgs(
+                        service_account_name=app,
+                        automount_service_account_token=False,
+                        security_context=kx.pod_security(uid=GRAFANA_UID),
+                        node_selector=kx.node_selector("system"),
+                        topology_spread_constraints=kx.zone_spread(match),
+                        containers=[
+                            kx.core.ContainerArgs(
+                                name=app,
+                                image=GRAFANA_IMAGE,
+                                env=[
+                                    kx.core.EnvVarArgs(name=k, value=v)
+                                    for k, v in GRAFANA_ENV.items()
+                                ],
+                                ports=[
+                                    kx.core.ContainerPortArgs(
+                                        name="http", container_port=GRAFANA_PORT
+                                    )
+                                ],
+                                resources=kx.resources("100m", "256Mi", cpu_limit="1"),
+                                liveness_probe=probe,
+                                readiness_probe=probe,
+                                security_context=kx.security(uid=GRAFANA_UID),
+                                volume_mounts=[
+                                    kx.mount("provisioning", GRAFANA_PROVISIONING, read_only=True),
+                                    kx.mount("data", GRAFANA_DATA),
+                                    kx.mount("dashboards", dashboards.MOUNT_PATH, read_only=True),
+                                ],
+                            )
+                        ],
+                        volumes=[
+                            provisioning_volume,
+                            kx.empty_dir("data"),
+                            kx.config_volume("dashboards", dashboards.CONFIG_MAP),
+                        ],
+                    ),
+                ),
+            ),
+            opts=child,
+        )
+        kx.pdb(app, ns, match, lbls, child, max_unavailable=1)
 
     def _rbac(
         self, app: str, lbls: dict[str, str], rules: list[k8s.rbac.v1.PolicyRuleArgs]

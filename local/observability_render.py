@@ -1,16 +1,17 @@
-"""What the Pulumi program renders for Prometheus and Alertmanager, taken from the stack's render
-(local/rendered.py: the program under Pulumi's mocks, cached): the configs, the rules, and the pod
-templates Kubernetes service discovery would see."""
+"""What the Pulumi program renders for Prometheus, Alertmanager and Grafana, taken from the stack's
+render (local/rendered.py: the program under Pulumi's mocks, cached): the configs, the rules, the
+dashboards, and the pod templates Kubernetes service discovery would see."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from infra import dashboards, plan
 from infra import observability as obs
-from infra import plan
 from local import rendered
 
 NAME_LABEL = "app.kubernetes.io/name"
@@ -36,6 +37,8 @@ class Rendered:
     rules: dict[str, str]  # rules file name -> text (the rules ConfigMap)
     alertmanager: dict[str, Any]  # alertmanager.yml
     pods: list[Pod]
+    # file name -> Grafana dashboard JSON model (the dashboards ConfigMap)
+    dashboards: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def pod(self, name: str) -> Pod | None:
         return next((p for p in self.pods if p.name == name), None)
@@ -85,6 +88,7 @@ def from_resources(resources: list[dict[str, Any]]) -> Rendered:
             data(obs.ALERTMANAGER_CONFIG_MAP)[obs.ALERTMANAGER_CONFIG_FILE]
         ),
         pods=pods,
+        dashboards={k: json.loads(v) for k, v in data(dashboards.CONFIG_MAP).items()},
     )
 
 

@@ -175,6 +175,11 @@ class Reader:
         self.store_breaker = store_breaker or CircuitBreaker("counter-store", cooldown_s=3.0)
         self.edge_breaker = edge_breaker or CircuitBreaker("edge-store", cooldown_s=3.0)
         self._shown: dict[str, int] = {}
+        # every dependency's series from the start, at 0: a panel or a rate() over them has
+        # data before the first failure (Prometheus's advice for labels known in advance)
+        for breaker in (self.cache_breaker, self.store_breaker, self.edge_breaker):
+            _DEPENDENCY_ERRORS[breaker.name]
+            self._show(breaker)
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)

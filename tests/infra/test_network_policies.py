@@ -463,8 +463,8 @@ def _container(p: plan.Plan, kind: str, name: str, namespace: str) -> dict[str, 
 def implied(m: Model, p: plan.Plan) -> list[Conn]:
     """Every connection the program's own config implies, read from what it rendered: the
     workloads' env, Envoy's clusters, the limiter's Redis URL, Prometheus's discovery, targets
-    and remote write, Alertmanager's receivers and peers, the collectors' exporters, the API
-    for every pod that carries a token, and DNS for every pod of ours."""
+    and remote write, Alertmanager's receivers and peers, the collectors' exporters, Grafana's
+    datasources, the API for every pod that carries a token, and DNS for every pod of ours."""
     out: list[Conn] = []
 
     def to(srcs: list[Pod], address: str, why: str, protocols: tuple[str, ...] = (TCP,)) -> None:
@@ -549,6 +549,15 @@ def implied(m: Model, p: plan.Plan) -> list[Conn]:
                 for port in k8s_resolver["ports"]:
                     to(collectors, f"{k8s_resolver['service']}.svc:{port}", "load balancing")
                 out += [Conn(src, KUBE_API, 443, "the resolver") for src in collectors]
+    # Grafana: every datasource its provisioning folder holds (the files as mounted)
+    grafana = named(p, "Deployment", "grafana", OBS).inputs["spec"]["template"]["spec"]
+    for volume in grafana["volumes"]:
+        source = volume.get("configMap")
+        for item in (source or {}).get("items", []):
+            if item["path"].startswith("datasources/"):
+                text = _config_file(p, OBS, source["name"], item["key"])
+                for ds in yaml.safe_load(text)["datasources"]:
+                    to(m.where(OBS, **{NAME: "grafana"}), ds["url"], "a datasource")
     return out
 
 
