@@ -44,7 +44,11 @@ GRAFANA_UID = 472  # the image's grafana user
 GRAFANA_PROVISIONING = "/etc/grafana/provisioning"
 GRAFANA_DATA = "/var/lib/grafana"
 GRAFANA_ENV = {
+    # the root filesystem is read-only: data, plugins and logs live in the one writable volume
     "GF_PATHS_DATA": GRAFANA_DATA,
+    "GF_PATHS_PLUGINS": f"{GRAFANA_DATA}/plugins",
+    "GF_PATHS_LOGS": f"{GRAFANA_DATA}/log",
+    "GF_LOG_MODE": "console",
     "GF_PATHS_PROVISIONING": GRAFANA_PROVISIONING,
     "GF_AUTH_ANONYMOUS_ENABLED": "true",
     "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
@@ -596,6 +600,7 @@ class Observability(pulumi.ComponentResource):
                                 volume_mounts=[
                                     kx.mount("provisioning", GRAFANA_PROVISIONING, read_only=True),
                                     kx.mount("data", GRAFANA_DATA),
+                                    kx.mount("tmp", "/tmp"),
                                     kx.mount("dashboards", dashboards.MOUNT_PATH, read_only=True),
                                 ],
                             )
@@ -603,6 +608,7 @@ class Observability(pulumi.ComponentResource):
                         volumes=[
                             provisioning_volume,
                             kx.empty_dir("data"),
+                            kx.empty_dir("tmp", "64Mi"),
                             kx.config_volume("dashboards", dashboards.CONFIG_MAP),
                         ],
                     ),

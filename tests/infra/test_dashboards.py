@@ -98,6 +98,9 @@ def test_grafana_mounts_the_dashboards_and_provisioning_where_it_reads_them(
     assert volumes["dashboards"]["configMap"]["name"] == dashboards.CONFIG_MAP
     rendered = observability_render.from_plan(p).dashboards
     assert set(named(p, "ConfigMap", dashboards.CONFIG_MAP).inputs["data"]) == set(rendered)
-    # the data folder is the one writable path (the root filesystem is read-only)
+    # the root filesystem is read-only: every path Grafana writes is on its emptyDir volume
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert "emptyDir" in volumes["data"] and mounts["data"] == env["GF_PATHS_DATA"]
+    for key in ("GF_PATHS_PLUGINS", "GF_PATHS_LOGS"):
+        assert env[key].startswith(mounts["data"] + "/"), key
+    assert "emptyDir" in volumes["tmp"] and mounts["tmp"] == "/tmp"
