@@ -261,7 +261,8 @@ READ = Board(
     ),
 )
 
-_LAG_GROUP = "group"
+_LAG_GROUP = m.CONSUMER_LAG_GROUP_LABEL
+_LAG_LEGEND = f"{{{{{_LAG_GROUP}}}}}"  # Grafana's {{group}}
 STREAM = Board(
     "likes-stream",
     "Likes / Stream",
@@ -273,12 +274,12 @@ STREAM = Board(
                 panel(
                     "Consumer lag (age of the oldest unconsumed event)",
                     "s",
-                    q(f"max by ({_LAG_GROUP}) ({m.CONSUMER_LAG_SECONDS})", "{{group}}"),
+                    q(f"max by ({_LAG_GROUP}) ({m.CONSUMER_LAG_SECONDS})", _LAG_LEGEND),
                 ),
                 panel(
                     "Consumer lag (messages)",
                     "short",
-                    q(f"sum by ({_LAG_GROUP}) ({m.CONSUMER_LAG_MESSAGES})", "{{group}}"),
+                    q(f"sum by ({_LAG_GROUP}) ({m.CONSUMER_LAG_MESSAGES})", _LAG_LEGEND),
                 ),
             ),
         ),

@@ -6,7 +6,7 @@ from prometheus_client import Counter, Gauge
 
 from services.contracts import metrics as names
 
-_LABELS = ["group", "topic", "partition"]
+_LABELS = [names.CONSUMER_LAG_GROUP_LABEL, "topic", "partition"]
 LAG_SECONDS = Gauge(
     names.CONSUMER_LAG_SECONDS,
     "Age of the oldest message the group has not consumed (now minus the timestamp of the "

@@ -52,6 +52,7 @@ OUTBOX_RELAY_OWNED_SHARDS = "likes_outbox_relay_owned_shards"
 CONSUMER_LAG_SECONDS = "likes_consumer_lag_seconds"
 CONSUMER_LAG_MESSAGES = "likes_consumer_lag_messages"
 CONSUMER_LAG_READS = "likes_consumer_lag_reads_total"  # label result: ok | error
+CONSUMER_LAG_GROUP_LABEL = "group"  # the lag series' labels: group, topic, partition
 
 # heartbeats: the unix time a worker's loop last went round (set every turn). A loop that hangs
 # while its ops thread still answers scrapes keeps exporting an old time: `time() - this` grows.
