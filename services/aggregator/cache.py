@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -179,6 +180,8 @@ def read_aggregate(rc: RedisCluster, post_id: str) -> dict[str, Any] | None:
     }
 
 
+# (post_id, count, gen, reactions, last_fresh): one aggregate to copy
+CopyItem = tuple[str, int, int, Mapping[str, int], int]
 COPY_CHUNK = 500  # copies per script run: ~1 ms of a pool's time, short enough to share it
 
 
@@ -192,6 +195,11 @@ class HotPoolMirror:
     pools are written in parallel (one pipeline each), with a short timeout, and a pool that
     failed is skipped for `cooldown_s` so a dead one costs one timeout per cool-down, not one per
     window.
+
+    What a pool missed (failed or skipped) is kept per pool, the latest copy per post, up to
+    `missed_max` posts and no longer than the copies' TTL, and sent with its next copy once it
+    answers: a pool back from an outage catches up on the posts liked meanwhile instead of
+    missing them until their next like (the gen guard refuses any copy older than the pool's).
     """
 
     def __init__(
@@ -202,9 +210,11 @@ class HotPoolMirror:
         ttl_s: int = hotkeys.ALWAYS_REPLICATE_TTL_S,
         timeout_s: float = 0.25,
         cooldown_s: float = 5.0,
+        missed_max: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttl_s, self.cooldown_s, self.clock = ttl_s, cooldown_s, clock
+        self.missed_max = missed_max
         self.addresses = [f"{h}:{p}" for h, p in addresses]
         self.clients = [
             redis.Redis(
@@ -219,10 +229,15 @@ class HotPoolMirror:
         ]
         self.sha = hashlib.sha1(hotkeys.HOT_COPY_MANY_LUA.encode()).hexdigest()
         self._down_until = [0.0] * len(self.clients)
+        # per pool: post_id -> (the copy it missed, when)
+        self._missed: list[OrderedDict[str, tuple[CopyItem, float]]] = [
+            OrderedDict() for _ in self.clients
+        ]
         self._pool = ThreadPoolExecutor(max(1, len(self.clients)), "hot-pool-copy")
 
-    def _copy_into(self, i: int, calls: list[tuple[list[str], list[Any]]]) -> int:
-        """calls: (keys, argv) of HOT_COPY_MANY_LUA, one script run each, all in one pipeline."""
+    def _copy_into(self, i: int, calls: list[tuple[list[str], list[Any]]]) -> list[bool]:
+        """calls: (keys, argv) of HOT_COPY_MANY_LUA, one script run each, all in one pipeline.
+        Returns, per key in order, whether its copy was written (False: a newer gen was there)."""
         client = self.clients[i]
         for attempt in range(2):
             pipe = client.pipeline(transaction=False)
@@ -235,7 +250,7 @@ class HotPoolMirror:
             errors = [r for r in results if isinstance(r, Exception)]
             if errors:
                 raise errors[0]
-            return sum(1 for r in results for x in r if x == 1)
+            return [x == 1 for r in results for x in r]
         raise RuntimeError("unreachable")
 
     def _copy_args(
@@ -245,33 +260,68 @@ class HotPoolMirror:
         fields["last_fresh"] = fresh
         return [self.ttl_s, gen, 2 * len(fields), *(x for kv in fields.items() for x in kv)]
 
-    def copy_many(
-        self, items: Sequence[tuple[str, int, int, Mapping[str, int], int]]
-    ) -> dict[str, int]:
-        """items: (post_id, count, gen, reactions, last_fresh). Returns how many copies were
-        written, refused as stale (a newer gen is there), failed and skipped (pool cooling)."""
-        out = {"written": 0, "stale": 0, "failed": 0, "skipped": 0}
-        if not items or not self.clients:
-            return out
+    def _calls(self, items: Sequence[CopyItem]) -> list[tuple[list[str], list[Any]]]:
         calls: list[tuple[list[str], list[Any]]] = []
         for i in range(0, len(items), COPY_CHUNK):
             part = items[i : i + COPY_CHUNK]
             ks = [keys.count_key(post_id) for post_id, *_ in part]
             argv = [a for _p, c, g, r, f in part for a in self._copy_args(c, g, r, f)]
             calls.append((ks, argv))
+        return calls
+
+    def _remember(self, i: int, items: Sequence[CopyItem], now: float) -> None:
+        missed = self._missed[i]
+        for item in items:
+            missed[item[0]] = (item, now)
+            missed.move_to_end(item[0])
+        while len(missed) > self.missed_max:
+            missed.popitem(last=False)
+
+    def _catch_up(self, i: int, items: Sequence[CopyItem], now: float) -> list[CopyItem]:
+        """What pool `i` missed and still matters (not expired, not superseded by `items`)."""
+        current = {item[0] for item in items}
+        return [
+            item
+            for post_id, (item, when) in self._missed[i].items()
+            if post_id not in current and now - when < self.ttl_s
+        ]
+
+    def copy_many(self, items: Sequence[CopyItem]) -> dict[str, int]:
+        """items: (post_id, count, gen, reactions, last_fresh). Returns how many copies were
+        written, refused as stale (a newer gen is there), failed and skipped (pool cooling),
+        and how many a pool had missed and got now (redriven)."""
+        out = {"written": 0, "stale": 0, "failed": 0, "skipped": 0, "redriven": 0}
+        if not items or not self.clients:
+            return out
+        calls = self._calls(items)
         now = self.clock()
-        live = [i for i in range(len(self.clients)) if self._down_until[i] <= now]
+        live = []
+        for i in range(len(self.clients)):
+            if self._down_until[i] <= now:
+                live.append(i)
+            else:
+                self._remember(i, items, now)
         out["skipped"] = len(items) * (len(self.clients) - len(live))
-        futures = {i: self._pool.submit(self._copy_into, i, calls) for i in live}
+        extra = {i: self._catch_up(i, items, now) for i in live if self._missed[i]}
+        futures = {
+            i: self._pool.submit(
+                self._copy_into, i, self._calls([*items, *extra[i]]) if extra.get(i) else calls
+            )
+            for i in live
+        }
         for i, fut in futures.items():
             try:
                 written = fut.result()
             except Exception:
                 self._down_until[i] = self.clock() + self.cooldown_s
+                self._remember(i, items, now)
                 out["failed"] += len(items)
                 continue
-            out["written"] += written
-            out["stale"] += len(items) - written
+            self._missed[i].clear()
+            n = sum(written[: len(items)])
+            out["written"] += n
+            out["stale"] += len(items) - n
+            out["redriven"] += sum(written[len(items) :])  # missed copies the pool now has
         return out
 
     def close(self) -> None:

@@ -63,7 +63,8 @@ CACHE_REDRIVES = Counter(
 HOT_POOL_COPIES = Counter(
     names.AGGREGATOR_HOT_POOL_COPIES,
     "Aggregates copied into the hot pools by always-replicate, by result "
-    "(written, stale: a newer gen was there, failed, skipped: pool cooling down after a failure)",
+    "(written, stale: a newer gen was there, failed, skipped: pool cooling down after a failure; "
+    "redriven: a copy a pool had missed, written once it answered again)",
     ["result"],
 )
 HOT_POOL_COPY_SECONDS = Histogram(
