@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from infra import otel_config
 from services.contracts import convergence, events, workloads
 from services.contracts import metrics as metric_names
 
@@ -445,10 +446,10 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
         },
         {
             # the seed: "spans dropped (alerted on otlp_export_failures)"
-            "alert": "TraceExportFailing",
-            "expr": "sum(rate(otelcol_exporter_send_failed_spans_total[5m])) > 0",
+            "alert": TRACE_EXPORT_FAILING,
+            "expr": f"{metric_names.OTLP_EXPORT_FAILURES} > 0",
             "for": "10m",
-            "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: "otel-collector"},
+            "labels": {"severity": SEVERITY_TICKET, SERVICE_LABEL: otel_config.COLLECTOR},
             "annotations": {
                 "summary": "The OTel Collector has been failing to export spans for 10 minutes",
                 **_runbook_annotations("trace-export-failing", runbook_base),
@@ -478,6 +479,7 @@ REPLICATION_LAG_THRESHOLD_S = 10
 
 # the canary (services/canary/core.py): a turn is a like or unlike through the gateway, then the
 # count read for the convergence hold and judged against the edge-store's truth
+TRACE_EXPORT_FAILING = "TraceExportFailing"
 CANARY_DRIFT = "CanaryDrift"
 COUNT_FLICKER = "CountFlicker"
 CANARY_FAILING = "CanaryFailing"
@@ -518,6 +520,25 @@ def sli_rules() -> list[dict[str, Any]]:
                 f'(sum(rate({_TURNS}{{result=~"match|drift"}}[15m])) > 0)'
             ),
             "labels": {WORKLOAD_LABEL: CANARY},
+        },
+        # traces_kept_per_second: traces the samplers' tail sampling kept (errors, slow ones
+        # and the healthy share), over every sampler replica
+        {
+            "record": metric_names.TRACES_KEPT_PER_SECOND,
+            "expr": f'sum(rate({metric_names.OTELCOL_TRACES_SAMPLED}{{sampled="true"}}[5m]))',
+            "labels": {WORKLOAD_LABEL: otel_config.SAMPLER},
+        },
+        # otlp_export_failures: spans per second a collector's exporter gave up on (Tempo
+        # refused or unreachable past the retry budget, or a tier's routing failed): dropped
+        # traces; 0 while every collector exports (a collector with no failure has no series)
+        {
+            "record": metric_names.OTLP_EXPORT_FAILURES,
+            "expr": (
+                f"sum(rate({metric_names.OTELCOL_SEND_FAILED_SPANS}[5m]))\n"
+                f'  or on () (0 * sum(up{{{WORKLOAD_LABEL}=~"{otel_config.COLLECTOR}|'
+                f'{otel_config.SAMPLER}"}}))'
+            ),
+            "labels": {WORKLOAD_LABEL: otel_config.COLLECTOR},
         },
         # count_flicker_per_user: reads after one's own like that showed a count below one
         # already seen, per reading user and hour (each canary replica reads as one user)

@@ -403,7 +403,7 @@ HOT_KEYS = Board(
 CONTROL_PLANE = Board(
     "likes-control-plane",
     "Likes / Control plane",
-    "etcd, the scrape targets, the alerting pipeline and the canary's end-to-end verdict.",
+    "etcd, the scrape targets, the alerting and tracing pipelines and the canary's verdict.",
     (
         (
             "Health",
@@ -463,6 +463,18 @@ CONTROL_PLANE = Board(
                         f"(rate(alertmanager_notifications_failed_total[{RI}]))",
                         "{{integration}}",
                     ),
+                ),
+            ),
+        ),
+        (
+            "Traces",
+            (
+                panel(
+                    "Traces kept and spans dropped",
+                    "ops",
+                    q(m.TRACES_KEPT_PER_SECOND, "traces kept"),
+                    q(m.OTLP_EXPORT_FAILURES, "spans failed to export"),
+                    description="Tail sampling keeps errors, slow traces and a healthy share.",
                 ),
             ),
         ),

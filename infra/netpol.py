@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import etcd, exporters, gateway, network, platform, schema_registry, scylla
+from infra import etcd, exporters, gateway, network, otel_config, platform, schema_registry, scylla
 from infra import k8s as kx
 from infra import kafka as kafka_infra
 from infra import observability as obs
@@ -248,6 +248,10 @@ class Table:
         # the gateway's pods carry them as well: Envoy's stats listener
         envoy = self.app(a.edge_namespace, "envoy")
         out.append(Flow(prometheus, envoy, (gateway.STATS_PORT,), "scrape"))
+        # and both collector tiers (their own otelcol_* metrics)
+        for tier in (otel_config.COLLECTOR, otel_config.SAMPLER):
+            collector = self.app(a.observability_namespace, tier)
+            out.append(Flow(prometheus, collector, (otel_config.METRICS_PORT,), "scrape"))
         out += self._datastores(prometheus)
         out += self._operators()
         return out

@@ -21,8 +21,11 @@ from infra import k8s as kx
 OTLP_GRPC = 4317
 OTLP_HTTP = 4318
 BUFFER_DIR = "/var/lib/otelcol/buffer"
+COLLECTOR_CONFIG_DIR = "/etc/otelcol"
+COLLECTOR_CONFIG_FILE = "config.yaml"  # in each tier's ConfigMap, at COLLECTOR_CONFIG_DIR
+COLLECTOR_ARGS = [f"--config={COLLECTOR_CONFIG_DIR}/{COLLECTOR_CONFIG_FILE}"]
 PAGERDUTY_SECRET = "alertmanager-pagerduty"
-COLLECTOR_IMAGE = "otel/opentelemetry-collector-contrib:0.140.0"
+COLLECTOR_IMAGE = f"otel/opentelemetry-collector-contrib:{otel_config.COLLECTOR_VERSION}"
 
 # The versions the local stack runs (Debian bookworm's prometheus and prometheus-alertmanager):
 # production pins the same ones, so the rendered configs are checked by the binaries that will
@@ -168,6 +171,7 @@ def loadbalancer_config(sampler_service: str) -> dict[str, Any]:
         "service": {
             "extensions": ["health_check"],
             "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["loadbalancing"]}},
+            "telemetry": otel_config.telemetry(),
         },
     }
 
@@ -376,12 +380,12 @@ def dials(
     receiver or exporter is opened with it. Prometheus's scrapes follow the pods it discovers."""
     resolver = front["exporters"]["loadbalancing"]["resolver"]["k8s"]
     out = [
-        kx.Dial(ns, "otel-collector", f"{resolver['service']}.svc:{port}", "to the samplers")
+        kx.Dial(ns, otel_config.COLLECTOR, f"{resolver['service']}.svc:{port}", "to the samplers")
         for port in resolver["ports"]
     ]
-    out.append(kx.Dial(ns, "otel-collector", kx.KUBE_API, "the k8s resolver's endpoints"))
+    out.append(kx.Dial(ns, otel_config.COLLECTOR, kx.KUBE_API, "the k8s resolver's endpoints"))
     tempo = sampler["exporters"][otel_config.TEMPO_EXPORTER]["endpoint"]
-    out.append(kx.Dial(ns, "otel-sampler", tempo, "the sampled traces"))
+    out.append(kx.Dial(ns, otel_config.SAMPLER, tempo, "the sampled traces"))
     for am in prometheus["alerting"]["alertmanagers"]:
         for static in am["static_configs"]:
             out += [kx.Dial(ns, "prometheus", t, "alerts") for t in static["targets"]]
@@ -404,6 +408,7 @@ def dials(
 
 class Observability(pulumi.ComponentResource):
     otlp_endpoint: str
+    otlp_grpc_address: str
     prometheus_url: str
     dials: list[kx.Dial]
 
@@ -423,27 +428,29 @@ class Observability(pulumi.ComponentResource):
             buffer_dir=BUFFER_DIR,
         )
         self._stateful(
-            "otel-sampler",
+            otel_config.SAMPLER,
             image=COLLECTOR_IMAGE,
-            args_=["--config=/etc/otelcol/config.yaml"],
-            files={"config.yaml": yaml.safe_dump(sampler, sort_keys=False)},
-            config_path="/etc/otelcol",
+            args_=COLLECTOR_ARGS,
+            files={COLLECTOR_CONFIG_FILE: yaml.safe_dump(sampler, sort_keys=False)},
+            config_path=COLLECTOR_CONFIG_DIR,
             ports={"otlp-grpc": OTLP_GRPC},
             probe=kx.tcp_probe(OTLP_GRPC),
             replicas=args.collector_replicas,
             storage=("buffer", BUFFER_DIR, 20),
             resources=kx.resources("1", "2Gi", cpu_limit="2"),
             uid=10001,
+            scrape_port=otel_config.METRICS_PORT,  # traces kept, export failures
         )
-        front = loadbalancer_config(f"otel-sampler.{ns}")
+        front = loadbalancer_config(f"{otel_config.SAMPLER}.{ns}")
         self._deployment(
-            "otel-collector",
+            otel_config.COLLECTOR,
             image=COLLECTOR_IMAGE,
-            args_=["--config=/etc/otelcol/config.yaml"],
-            files={"config.yaml": yaml.safe_dump(front, sort_keys=False)},
+            args_=COLLECTOR_ARGS,
+            files={COLLECTOR_CONFIG_FILE: yaml.safe_dump(front, sort_keys=False)},
             ports={"otlp-grpc": OTLP_GRPC, "otlp-http": OTLP_HTTP},
             replicas=args.collector_replicas,
             service_account_rbac=True,  # the k8s resolver watches the sampler's endpoints
+            scrape_port=otel_config.METRICS_PORT,  # spans refused or not routed
         )
         self._stateful(
             "tempo",
@@ -530,7 +537,10 @@ class Observability(pulumi.ComponentResource):
             scrape_port=ALERTMANAGER_PORT,  # notifications sent and failed, per integration
         )
         # the services export with the OTLP/HTTP SDK: the full traces URL of the HTTP receiver
-        self.otlp_endpoint = f"http://otel-collector.{svc}:{OTLP_HTTP}/v1/traces"
+        self.otlp_endpoint = (
+            f"http://{otel_config.COLLECTOR}.{svc}:{OTLP_HTTP}{otel_config.OTLP_TRACES_PATH}"
+        )
+        self.otlp_grpc_address = f"{otel_config.COLLECTOR}.{svc}:{OTLP_GRPC}"  # the gateway's
         self.prometheus_url = f"http://{in_cluster('prometheus', ns, PROMETHEUS_PORT)}"
         grafana = grafana_provisioning(self.prometheus_url)
         self._grafana(grafana)
@@ -756,6 +766,7 @@ class Observability(pulumi.ComponentResource):
         ports: dict[str, int],
         replicas: int,
         service_account_rbac: bool,
+        scrape_port: int | None = None,
     ) -> None:
         ns = self._args.namespace
         child = pulumi.ResourceOptions(parent=self)
@@ -765,6 +776,7 @@ class Observability(pulumi.ComponentResource):
         if service_account_rbac:
             self._rbac(app, lbls, _discovery_rules())
         kx.headless_service(app, ns, lbls, match, ports, child, headless=False)
+        annotations = None if scrape_port is None else scrape_annotations(scrape_port)
         k8s.apps.v1.Deployment(
             app,
             metadata=kx.meta(app, ns, lbls),
@@ -772,7 +784,7 @@ class Observability(pulumi.ComponentResource):
                 replicas=replicas,
                 selector=kx.meta_v1.LabelSelectorArgs(match_labels=match),
                 template=kx.core.PodTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls, annotations=annotations),
                     spec=kx.core.PodSpecArgs(
                         service_account_name=app,
                         security_context=kx.pod_security(uid=10001),
@@ -791,7 +803,9 @@ class Observability(pulumi.ComponentResource):
                                 liveness_probe=kx.http_probe("/", 13133),
                                 readiness_probe=kx.http_probe("/", 13133),
                                 security_context=kx.security(uid=10001),
-                                volume_mounts=[kx.mount("config", "/etc/otelcol", read_only=True)],
+                                volume_mounts=[
+                                    kx.mount("config", COLLECTOR_CONFIG_DIR, read_only=True)
+                                ],
                             )
                         ],
                         volumes=[kx.config_volume("config", config_map_name(app))],

@@ -12,8 +12,27 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BUFFER_EXTENSION", "TEMPO_EXPORTER", "collector_config"]
+__all__ = [
+    "BUFFER_EXTENSION",
+    "COLLECTOR",
+    "COLLECTOR_VERSION",
+    "METRICS_PORT",
+    "OTLP_TRACES_PATH",
+    "SAMPLER",
+    "TEMPO_EXPORTER",
+    "collector_config",
+    "telemetry",
+]
 
+# the collector release: the program's contrib image and the local build (local/otelcol.py)
+# both take it; every collector module is built at this one release
+COLLECTOR_VERSION = "0.161.0"
+# the two tiers' workload names: the front (COLLECTOR, where every exporter sends) routes each
+# trace by its id to one tail sampler (SAMPLER), which exports to Tempo
+COLLECTOR = "otel-collector"
+SAMPLER = "otel-sampler"
+OTLP_TRACES_PATH = "/v1/traces"  # OTLP/HTTP's traces path, what the services' exporter posts to
+METRICS_PORT = 8888  # the collector's own metrics (otelcol_*), scraped by Prometheus
 BUFFER_EXTENSION = "file_storage/buffer"
 # `otlp_grpc` is the exporter's name from v0.144 on (`otlp` is its deprecated alias)
 TEMPO_EXPORTER = "otlp_grpc/tempo"
@@ -132,14 +151,13 @@ def collector_config(
                     "exporters": [TEMPO_EXPORTER],
                 }
             },
-            "telemetry": {
-                # scraped by Prometheus: the TraceExportFailing alert reads these
-                "metrics": {
-                    "level": "normal",
-                    "readers": [
-                        {"pull": {"exporter": {"prometheus": {"host": "0.0.0.0", "port": 8888}}}}
-                    ],
-                }
-            },
+            "telemetry": telemetry(),
         },
     }
+
+
+def telemetry() -> dict[str, Any]:
+    """The collector's own metrics on METRICS_PORT, scraped by Prometheus: the traces SLIs and
+    the TraceExportFailing alert read them (infra/alert_rules.py). Every tier serves them."""
+    reader = {"pull": {"exporter": {"prometheus": {"host": "0.0.0.0", "port": METRICS_PORT}}}}
+    return {"metrics": {"level": "normal", "readers": [reader]}}

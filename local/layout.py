@@ -174,6 +174,22 @@ class Ports:
         return self._p(6480)
 
     @property
+    def otel_grpc(self) -> int:
+        return self._p(4317)  # the OTel Collector's OTLP listeners (infra/observability.py)
+
+    @property
+    def otel_http(self) -> int:
+        return self._p(4318)
+
+    @property
+    def otel_health(self) -> int:
+        return self._p(13133)
+
+    @property
+    def otel_metrics(self) -> int:
+        return self._p(8888)
+
+    @property
     def prometheus(self) -> int:
         return self._p(9090)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from infra import dashboards, plan
+from infra import dashboards, otel_config, plan
 from infra import observability as obs
 from local import rendered
 
@@ -39,6 +39,7 @@ class Rendered:
     pods: list[Pod]
     # file name -> Grafana dashboard JSON model (the dashboards ConfigMap)
     dashboards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    collector: dict[str, Any] = field(default_factory=dict)  # the tail-sampling tier's config
 
     def pod(self, name: str) -> Pod | None:
         return next((p for p in self.pods if p.name == name), None)
@@ -89,6 +90,9 @@ def from_resources(resources: list[dict[str, Any]]) -> Rendered:
         ),
         pods=pods,
         dashboards={k: json.loads(v) for k, v in data(dashboards.CONFIG_MAP).items()},
+        collector=yaml.safe_load(
+            data(obs.config_map_name(otel_config.SAMPLER))[obs.COLLECTOR_CONFIG_FILE]
+        ),
     )
 
 

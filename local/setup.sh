@@ -54,19 +54,50 @@ else
   say "Python environment up to date"
 fi
 
-# 3. Maven: resolve the Kafka and Cassandra classpaths (jars land in ~/.m2, reused next time)
+# 3. The OpenTelemetry Collector, built with the collector builder at the release the program
+#    deploys (infra/otel_config.py) from the modules local/otelcol.py lists; skipped when the
+#    binary was built from this exact manifest. It builds in the background while Maven resolves.
+build_collector() {
+  local version dir bin
+  version=$(.venv/bin/python -c 'from infra import otel_config as o; print(o.COLLECTOR_VERSION)')
+  dir=.cache/otelcol
+  bin=.cache/bin/otelcol-likes
+  mkdir -p "$dir" .cache/bin
+  .venv/bin/python -m local.otelcol manifest "$dir/manifest.new.yaml"
+  if [ -x "$bin" ] && cmp -s "$dir/manifest.new.yaml" "$dir/manifest.yaml"; then
+    say "OpenTelemetry Collector $version present"
+    rm "$dir/manifest.new.yaml"
+    return 0
+  fi
+  say "building the OpenTelemetry Collector $version (collector builder, ~3 min on 2 cores)"
+  rm -f "$dir/manifest.yaml"
+  GOBIN="$PWD/.cache/bin" go install "go.opentelemetry.io/collector/cmd/builder@v$version"
+  rm -rf "$dir/dist"
+  if ! .cache/bin/builder --config "$dir/manifest.new.yaml" >"$dir/build.log" 2>&1; then
+    tail -n 30 "$dir/build.log" >&2
+    return 1
+  fi
+  mv "$dir/dist/otelcol-likes" "$bin"
+  mv "$dir/manifest.new.yaml" "$dir/manifest.yaml"
+  rm -rf "$dir/dist"
+  say "OpenTelemetry Collector $version built"
+}
+if ! command -v go >/dev/null; then
+  echo "local/setup.sh: Go is needed to build the collector and the ratelimit service (https://go.dev/dl/)" >&2
+  exit 1
+fi
+build_collector &
+collector_build=$!
+
+# 4. Maven: resolve the Kafka and Cassandra classpaths (jars land in ~/.m2, reused next time)
 # and the JMX exporter agent both load.
 say "resolving Kafka, Cassandra and the JMX exporter agent from Maven Central"
 .venv/bin/python -m local.maven kafka cassandra
-# 4. envoyproxy/ratelimit, built from the commit the program deploys (infra/gateway.py pins it), into
+# 5. envoyproxy/ratelimit, built from the commit the program deploys (infra/gateway.py pins it), into
 #    a repo-local GOBIN that survives `down --wipe`; skipped when that exact version is installed.
 rl_version=$(.venv/bin/python -c 'from infra import gateway as g; print(g.RATELIMIT_VERSION)')
 rl_module=github.com/envoyproxy/ratelimit
 rl_bin=.cache/bin/service_cmd
-if ! command -v go >/dev/null; then
-  echo "local/setup.sh: Go is needed to build $rl_module@$rl_version (https://go.dev/dl/)" >&2
-  exit 1
-fi
 if [ -x "$rl_bin" ] && go version -m "$rl_bin" 2>/dev/null \
     | grep -qE "^[[:space:]]+mod[[:space:]]+$rl_module[[:space:]]+$rl_version[[:space:]]"; then
   say "ratelimit service $rl_version present"
@@ -75,4 +106,5 @@ else
   mkdir -p .cache/bin
   GOBIN="$PWD/.cache/bin" go install "$rl_module/src/service_cmd@$rl_version"
 fi
+wait "$collector_build" || { echo "local/setup.sh: the collector build failed" >&2; exit 1; }
 say "setup done"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import jwt
 from pydantic import ValidationError
 
+from infra import otel_config
 from local import issuer, rendered
 from local import tls as local_tls
 from local.components import kafka, schema_registry
@@ -51,9 +52,9 @@ TRANSFORMS: tuple[Transform, ...] = (
         "external-endpoint",
         "env",
         "the identity provider's JWKS -> the local issuer; Cloudflare's API (purge by tag) -> "
-        "the local webhook sink, which keeps every purge; the OTLP collector -> unset (no "
-        "collector runs locally, tracing is off); the public API the canary calls -> the local "
-        "gateway's listener (clients play the CDN here)",
+        "the local webhook sink, which keeps every purge; the OTLP collector's front tier -> the "
+        "local collector (one, playing the tail-sampling tier: local/otelcol.py); the public "
+        "API the canary calls -> the local gateway's listener (clients play the CDN here)",
         "no cloud accounts here; the local stand-ins keep what arrived for tests",
     ),
     Transform(
@@ -239,7 +240,7 @@ def _external(layout: Layout) -> dict[str, str | None]:
     return {
         "jwks_url": f"http://{HOST}:{layout.ports.issuer}{issuer.JWKS_PATH}",
         "cloudflare_api_url": f"http://{HOST}:{layout.ports.webhook_sink}/{CLOUDFLARE_SINK}",
-        "otlp_endpoint": None,
+        "otlp_endpoint": f"http://{HOST}:{layout.ports.otel_http}{otel_config.OTLP_TRACES_PATH}",
         "gateway_url": f"http://{HOST}:{layout.ports.gateway}",
     }
 

@@ -38,6 +38,7 @@ def build(layout: Layout, strict: bool = True) -> list[Component]:
 
     comps: list[Component] = [
         etcd.Etcd(layout),
+        observability.OtelCollector(layout),  # before every workload that exports spans
         redis.IdemStore(layout),
         redis.CountCache(layout),
         redis.Exporter(layout),

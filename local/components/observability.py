@@ -1,6 +1,8 @@
 """Prometheus and Alertmanager from Debian's packages, running the configs the Pulumi program
 renders (local/rendered.py) through the explicit local transforms
-(local/observability_transforms.py); what Alertmanager sends lands in a local webhook sink."""
+(local/observability_transforms.py); what Alertmanager sends lands in a local webhook sink. The
+OpenTelemetry Collector, built by local/setup.sh, runs the rendered tail-sampling tier
+(local/otelcol.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ from pathlib import Path
 import httpx
 import yaml
 
-from infra import exporters, platform
+from infra import exporters, otel_config, platform
 from infra import observability as obs
-from local import observability_render
+from local import observability_render, otelcol
 from local import observability_transforms as transforms
-from local.components.base import Component, Server, http_probe
+from local.components.base import Component, MissingBinary, Server, http_probe
 from local.layout import HOST, REPO_ROOT, Layout
 
 
@@ -98,6 +100,69 @@ class Alertmanager(Component):
         # the program changed since Alertmanager started: load the new render
         if _write_if_changed(self.config_path, self.config()):
             _reload(self.url)
+
+
+class OtelCollector(Component):
+    """Every workload's and the gateway's spans arrive here (OTLP): the rendered sampler tier,
+    which keeps what its tail-sampling policies keep and writes it where Tempo would receive
+    it (the file `traces_file`, OTLP JSON lines)."""
+
+    name = otel_config.COLLECTOR  # what every exporter dials
+    plays = otel_config.SAMPLER  # whose config, pod labels and metrics it has
+
+    @property
+    def binary(self) -> Path:
+        return self.layout.cache / "bin" / otelcol.BINARY
+
+    @property
+    def data_dir(self) -> Path:
+        return self.layout.data / "otel"
+
+    @property
+    def traces_file(self) -> Path:
+        return self.data_dir / "traces.jsonl"
+
+    @property
+    def config_path(self) -> Path:
+        return self.layout.conf / "otelcol.yaml"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{HOST}:{self.layout.ports.otel_health}"
+
+    def servers(self) -> list[Server]:
+        if not self.binary.exists():
+            raise MissingBinary(f"{self.binary} is missing: run local/setup.sh")
+        return [
+            Server(
+                name=self.name,
+                argv=[str(self.binary), f"--config={self.config_path}"],
+                address=f"{HOST}:{self.layout.ports.otel_http}",
+                probe=lambda: http_probe(f"{self.health_url}/"),
+                start_timeout=30,
+                stop_timeout=10,
+            )
+        ]
+
+    def metrics_targets(self) -> list[str]:
+        return [f"{HOST}:{self.layout.ports.otel_metrics}"]
+
+    def config(self) -> str:
+        p = self.layout.ports
+        cfg = otelcol.collector_config(
+            observability_render.load(self.layout.stack).collector,
+            grpc_port=p.otel_grpc,
+            http_port=p.otel_http,
+            health_port=p.otel_health,
+            metrics_port=p.otel_metrics,
+            data_dir=self.data_dir,
+        )
+        return yaml.safe_dump(cfg, sort_keys=False)
+
+    def prepare(self) -> None:
+        self.layout.ensure()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        _write_if_changed(self.config_path, self.config())
 
 
 class Prometheus(Component):

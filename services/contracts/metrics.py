@@ -95,3 +95,12 @@ CANARY_READS_AFTER_LIKE = "likes_canary_reads_after_like_total"
 CANARY_FLICKERS = "likes_canary_flickers_total"
 CANARY_DRIFT_RATIO = "likes_canary_drift_ratio"
 COUNT_FLICKER_PER_USER = "likes_count_flicker_per_user"
+
+# the OpenTelemetry Collector's own series (infra/otel_config.telemetry): traces its tail
+# sampling kept (label sampled="true"), and spans an exporter gave up on. At the release the
+# program deploys (0.161) its counters carry no _total suffix. The seed's traces_kept_per_second
+# and otlp_export_failures are recorded from these (infra/alert_rules.py).
+OTELCOL_TRACES_SAMPLED = "otelcol_processor_tail_sampling_global_count_traces_sampled"
+OTELCOL_SEND_FAILED_SPANS = "otelcol_exporter_send_failed_spans"
+TRACES_KEPT_PER_SECOND = "likes_traces_kept_per_second"
+OTLP_EXPORT_FAILURES = "likes_otlp_export_failures"

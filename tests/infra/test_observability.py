@@ -22,6 +22,7 @@ from infra import (
     exporters,
     kafka,
     observability,
+    otel_config,
     plan,
     platform,
     redis,
@@ -29,9 +30,9 @@ from infra import (
     stackfile,
 )
 from infra.alert_rules import SERVICE_LABEL, WORKLOAD_LABEL
-from local import observability_render, observability_transforms
+from local import observability_render, observability_transforms, otelcol
 from local.components.observability import Prometheus
-from local.layout import Layout, Ports
+from local.layout import REPO_ROOT, Layout, Ports
 from tests.infra.conftest import STACKS, named, tool
 
 STATEFULSET = "kubernetes:apps/v1:StatefulSet"
@@ -80,6 +81,33 @@ def test_images_are_the_pinned_versions(plans: dict[str, plan.Plan], stack: str)
 
     assert image("prometheus") == f"prom/prometheus:v{observability.PROMETHEUS_VERSION}"
     assert image("alertmanager") == f"prom/alertmanager:v{observability.ALERTMANAGER_VERSION}"
+    for kind, tier in (("Deployment", otel_config.COLLECTOR), ("StatefulSet", otel_config.SAMPLER)):
+        (container,) = named(plans[stack], kind, tier).inputs["spec"]["template"]["spec"][
+            "containers"
+        ]
+        assert container["image"] == observability.COLLECTOR_IMAGE
+
+
+def test_the_local_collector_is_the_release_the_program_runs() -> None:
+    binary = REPO_ROOT / ".cache" / "bin" / otelcol.BINARY
+    assert binary.exists(), f"{binary} is missing: local/setup.sh builds it"
+    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.split()[-1] == otel_config.COLLECTOR_VERSION, proc.stdout
+    assert observability.COLLECTOR_IMAGE.endswith(f":{otel_config.COLLECTOR_VERSION}")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_both_collector_tiers_serve_their_metrics_to_the_pods_job(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    r = _rendered(plans[stack])
+    for tier in (otel_config.COLLECTOR, otel_config.SAMPLER):
+        pod = r.pod(tier)
+        assert pod is not None, tier
+        assert pod.annotations[observability.SCRAPE_ANNOTATION] == "true"
+        assert pod.annotations[observability.PORT_ANNOTATION] == str(otel_config.METRICS_PORT)
+    (reader,) = r.collector["service"]["telemetry"]["metrics"]["readers"]
+    assert reader["pull"]["exporter"]["prometheus"]["port"] == otel_config.METRICS_PORT
 
 
 # --- the rendered configs load in the pinned versions ------------------------------------------
