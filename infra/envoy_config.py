@@ -73,6 +73,7 @@ from envoy_data_plane.envoy.config.route.v3 import (
     RouteMatch,
     VirtualHost,
 )
+from envoy_data_plane.envoy.config.trace.v3 import OpenTelemetryConfig, TracingHttp
 from envoy_data_plane.envoy.extensions.access_loggers.stream.v3 import StdoutAccessLog
 from envoy_data_plane.envoy.extensions.filters.http.jwt_authn.v3 import (
     JwksAsyncFetch,
@@ -95,6 +96,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
     HttpConnectionManager,
     HttpConnectionManagerCodecType,
     HttpConnectionManagerPathWithEscapedSlashesAction,
+    HttpConnectionManagerTracing,
     HttpFilter,
 )
 from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
@@ -147,6 +149,8 @@ __all__ = [
     "SERVICE_CLUSTERS",
     "STATS_LISTENER",
     "STATS_PATH",
+    "TRACING_CLUSTER",
+    "TRACING_SERVICE_NAME",
     "UPSTREAM_CA_SECRET",
     "UPSTREAM_CLIENT_SECRET",
     "USER_DESCRIPTOR_KEY",
@@ -179,6 +183,11 @@ WRITE_CLUSTER = "write_svc"
 READ_CLUSTER = metric_names.GATEWAY_READ_CLUSTER  # the read SLI selects its stats by this name
 SAMPLER_CLUSTER = "hotkey_sampler"
 RATELIMIT_CLUSTER = "ratelimit"
+# the OpenTelemetry Collector's OTLP/gRPC listener: Envoy opens each request's root span (or a
+# child of the caller's traceparent) and sends its spans there; the services' spans join it
+# through the traceparent Envoy forwards
+TRACING_CLUSTER = "otel_collector"
+TRACING_SERVICE_NAME = "gateway"
 JWKS_CLUSTER = "jwks"
 # Gateway -> service mTLS: the gateway's own certificate (its client identity) and the CA the
 # services' certificates chain to, both from the gateway's certificate Secret at
@@ -237,6 +246,8 @@ class EnvoyParams:
     ca_bundle: str = "/etc/ssl/certs/ca-certificates.crt"  # roots the JWKS fetch trusts
     admin_port: int = 9901
     stats_port: int = 9902  # STATS_LISTENER: STATS_PATH only, for Prometheus
+    # host:port of the OTel Collector's OTLP/gRPC listener; None: the gateway makes no spans
+    otlp_upstream: str | None = None
     ratelimit_timeout_ms: int = 50
     write_timeout_s: float = 5.0
     read_timeout_s: float = 2.0
@@ -252,6 +263,8 @@ class EnvoyParams:
             raise ValueError("stats_port: must differ from listener_port and admin_port")
         for name in ("write_upstream", "read_upstream", "sampler_upstream", "ratelimit_upstream"):
             _host_port(getattr(self, name), name)
+        if self.otlp_upstream is not None:
+            _host_port(self.otlp_upstream, "otlp_upstream")
         if not 0.0 <= self.mirror_percent <= 100.0:
             raise ValueError(f"mirror_percent: {self.mirror_percent} is not within 0..100")
         _mirror_fraction(self.mirror_percent)
@@ -622,6 +635,23 @@ def _http_connection_manager(params: EnvoyParams) -> HttpConnectionManager:
         stream_idle_timeout=_seconds(30),
         access_log=[_access_log()],
     )
+    if params.otlp_upstream is not None:
+        # every request is traced here (the collector's tail sampling decides what is kept);
+        # a caller's traceparent is continued, as the services continue Envoy's
+        hcm.tracing = HttpConnectionManagerTracing(
+            provider=TracingHttp(
+                name="envoy.tracers.opentelemetry",
+                typed_config=Any.pack(
+                    OpenTelemetryConfig(
+                        grpc_service=GrpcService(
+                            envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=TRACING_CLUSTER),
+                            timeout=_seconds(1),
+                        ),
+                        service_name=TRACING_SERVICE_NAME,
+                    )
+                ),
+            )
+        )
     # Envoy refuses use_remote_address together with a detection extension
     if not params.client_ip_header:
         hcm.use_remote_address = True
@@ -780,6 +810,19 @@ def bootstrap_message(params: EnvoyParams) -> Bootstrap:
                     tls_sni=jwks_host,
                     ca_bundle=params.ca_bundle,
                     eject_failing_hosts=False,
+                ),
+                *(
+                    [
+                        # spans are best effort: never eject, never hold a request for them
+                        _cluster(
+                            TRACING_CLUSTER,
+                            params.otlp_upstream,
+                            http2=True,
+                            eject_failing_hosts=False,
+                        )
+                    ]
+                    if params.otlp_upstream is not None
+                    else []
                 ),
                 _admin_cluster(params),
             ],

@@ -88,6 +88,8 @@ class GatewayArgs:
     read_upstream: str
     sampler_upstream: str
     ratelimit_redis_password: pulumi.Input[str]
+    # the OTel Collector's OTLP/gRPC address (host:port); None: the gateway makes no spans
+    otlp_upstream: str | None = None
     # the `aud` Envoy requires (empty: any); the services require it as well
     jwt_audience: str = ""
     envoy_image: str = f"envoyproxy/envoy:v{ENVOY_VERSION}"
@@ -103,6 +105,7 @@ def envoy_params(args: GatewayArgs, namespace: str) -> envoy_config.EnvoyParams:
         write_upstream=args.write_upstream,
         read_upstream=args.read_upstream,
         sampler_upstream=args.sampler_upstream,
+        otlp_upstream=args.otlp_upstream,
         ratelimit_upstream=f"ratelimit.{namespace}.svc.cluster.local:{RATELIMIT_GRPC}",
         ratelimit_domain=RATELIMIT_DOMAIN,
         mirror_percent=args.mirror_percent,

@@ -270,6 +270,7 @@ def main() -> None:
             write_upstream=apps.upstreams[workloads.WRITE.name],
             read_upstream=apps.upstreams[workloads.READ.name],
             sampler_upstream=apps.upstreams[workloads.HOTKEY_SAMPLER.name],
+            otlp_upstream=obs.otlp_grpc_address,
             ratelimit_redis_password=pulumi.Output.secret(
                 cfg.ratelimit_redis_password.get_secret_value()
             ),

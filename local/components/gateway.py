@@ -23,8 +23,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from infra import envoy_config
+from infra import envoy_config, otel_config
 from infra import gateway as program
+from infra import observability as obs
 from local import issuer, rendered, transforms
 from local import tls as local_tls
 from local.components.base import Component, MissingBinary, ProbeFailed, Server, http_probe
@@ -80,9 +81,9 @@ TRANSFORMS: tuple[Transform, ...] = (
         "upstreams",
         "envoy.json",
         "each cluster's endpoint (the write, read and hot-key sampler Services, the ratelimit "
-        "Service, the JWKS host) → 127.0.0.1 and the port of the local server that plays it; "
-        "the admin cluster (the stats listener's upstream, 127.0.0.1:<admin port>) → "
-        "<ports.gateway_admin>",
+        "Service, the JWKS host, the OTel Collector) → 127.0.0.1 and the port of the local "
+        "server that plays it; the admin cluster (the stats listener's upstream, "
+        "127.0.0.1:<admin port>) → <ports.gateway_admin>",
         "no cluster DNS on a laptop: every Service is one local process on its own port",
         tuple((_SR, "clusters", "*", *_ADDR, "socketAddress", f) for f in ("address", "portValue")),
     ),
@@ -235,6 +236,7 @@ class Addrs:
                 envoy_config.SAMPLER_CLUSTER: (HOST, p.hotkey_sampler),
                 envoy_config.RATELIMIT_CLUSTER: (HOST, p.ratelimit_grpc),
                 envoy_config.JWKS_CLUSTER: (HOST, p.issuer),
+                envoy_config.TRACING_CLUSTER: (HOST, p.otel_grpc),
                 envoy_config.ADMIN_CLUSTER: (HOST, p.gateway_admin),
             },
             listener=(HOST, p.gateway),
@@ -262,6 +264,8 @@ def _expected_upstream(cluster: str, jwks_host: str) -> tuple[str, int | None]:
         return f"{RATELIMIT}.", program.RATELIMIT_GRPC
     if cluster == envoy_config.JWKS_CLUSTER:
         return jwks_host, None
+    if cluster == envoy_config.TRACING_CLUSTER:
+        return f"{otel_config.COLLECTOR}.", obs.OTLP_GRPC
     if cluster == envoy_config.ADMIN_CLUSTER:
         return "127.0.0.1", program.ADMIN_PORT  # the pod's own admin interface
     raise rendered.RenderError(

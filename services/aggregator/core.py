@@ -19,6 +19,7 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.contracts import events, keys
 
@@ -214,6 +215,9 @@ class Window:
     likers: set[tuple[str, str]] = field(default_factory=set)
     # posts a peer region's (mirrored) event touched: their aggregate is re-read from the cells
     refresh: set[str] = field(default_factory=set)
+    # while tracing: the span contexts the first counted events carried (their requests' spans),
+    # which the window's flush span links to
+    links: list[Any] = field(default_factory=list)
 
     def add(self, tp: TP, offset: int, cell: CellKey, delta: int, reaction: str) -> None:
         self.cells.setdefault(cell, []).append(Entry(offset, delta, reaction))

@@ -30,6 +30,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
+from opentelemetry import trace
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -59,6 +60,7 @@ from services.aggregator.dlq import DeadLetter
 from services.aggregator.purge import Purger, surrogate_key
 from services.aggregator.settings import AggregatorSettings
 from services.aggregator.store import CellRow, CounterStore, Plan, PoisonPosts
+from services.common import observability
 from services.common.worker_http import LoopHealth
 from services.contracts import bloom
 from services.contracts.events import LikeEvent
@@ -77,6 +79,7 @@ REDRIVE_MAX_LIKERS = 200_000
 # what the loop can be stuck retrying (a /readyz check each)
 REGISTRY = "schema-registry"
 WINDOW_FLUSH = "window-flush"
+_tracer = trace.get_tracer("likes.aggregator")  # a proxy: follows the provider set at start-up
 
 
 class Transient(Exception):
@@ -397,6 +400,10 @@ class Aggregator:
         w.add(tp, offset, cell, event.delta, event.reaction)
         if event.action == "like" and event.delta > 0:
             w.likers.add((event.user_id, event.post_id))
+        if observability.tracing_on() and len(w.links) < observability.MAX_LINKS:
+            sc = observability.span_context_from(m.headers())
+            if sc is not None:
+                w.links.append(sc)
 
     def _retry_transient(self, fn: Callable[[], LikeEvent | None]) -> LikeEvent | None:
         retrying = Retrying(
@@ -481,6 +488,18 @@ class Aggregator:
         )
 
     def _flush(self, w: Window) -> None:
+        """One span per window while tracing, linked to the requests its first events came
+        from: a like's trace leads to the window that counted it."""
+        if not observability.tracing_on():
+            self._flush_window(w)
+            return
+        links = [trace.Link(sc) for sc in w.links]
+        with _tracer.start_as_current_span(WINDOW_FLUSH, links=links) as span:
+            span.set_attribute("likes.window.events", w.events)
+            span.set_attribute("likes.window.posts", len(w.cells))
+            self._flush_window(w)
+
+    def _flush_window(self, w: Window) -> None:
         t0 = time.perf_counter()
         posts = w.posts()
         while True:

@@ -110,6 +110,8 @@ class BodyLimit:
 
 
 _tracer = trace.get_tracer("likes.http")  # a proxy: follows the provider set at start-up
+# the kubelet's probes and Prometheus's scrapes: a trace each would be noise the samplers keep
+UNTRACED_PATHS = frozenset({workloads.HEALTH_PATH, workloads.READY_PATH, workloads.METRICS_PATH})
 
 
 class RedMetrics:
@@ -141,13 +143,17 @@ class RedMetrics:
                 status = message["status"]
             await send(message)
 
-        if not observability.tracing_on():
+        if not observability.tracing_on() or scope["path"] in UNTRACED_PATHS:
             try:
                 await self.app(scope, receive, send_status)
             finally:
                 self._record(scope, status, t0)
             return
-        with _tracer.start_as_current_span(f"{scope['method']} {scope['path']}") as span:
+        with _tracer.start_as_current_span(
+            f"{scope['method']} {scope['path']}",
+            context=observability.context_from(scope.get("headers")),  # the gateway's span
+            kind=trace.SpanKind.SERVER,
+        ) as span:
             try:
                 await self.app(scope, receive, send_status)
             finally:

@@ -79,3 +79,48 @@ def setup_tracing(service: str, otlp_endpoint: str | None) -> bool:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
     install_tracer_provider(provider)
     return True
+
+
+# --- trace context across hops: W3C traceparent in HTTP and Kafka headers ---------------------
+# Only while tracing is on: with no provider, none of this runs (no parse, no header).
+TRACE_HEADERS = ("traceparent", "tracestate")
+MAX_LINKS = 128  # the SDK's default link limit per span: a window links to its first events
+
+
+def context_from(headers: Any) -> Any:
+    """The trace context a caller sent, from HTTP (ASGI: bytes pairs) or Kafka headers
+    (str, bytes pairs); None when there is none. Only the W3C headers are decoded."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    for k, v in headers or ():
+        name = k.decode("latin-1") if isinstance(k, bytes) else k
+        if name.lower() in TRACE_HEADERS and v is not None:
+            carrier[name.lower()] = v.decode("latin-1") if isinstance(v, bytes) else v
+    if "traceparent" not in carrier:
+        return None
+    return TraceContextTextMapPropagator().extract(carrier)
+
+
+def span_context_from(headers: Any) -> Any:
+    """The remote span a message's headers name (for a span link), or None."""
+    from opentelemetry import trace
+
+    ctx = context_from(headers)
+    if ctx is None:
+        return None
+    sc = trace.get_current_span(ctx).get_span_context()
+    return sc if sc.is_valid else None
+
+
+def trace_headers() -> list[tuple[str, str | bytes | None]] | None:
+    """The current span's context as Kafka headers (None while tracing is off or outside a
+    span): the consumer links its work to the request that produced the event."""
+    if not _tracing:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    headers: list[tuple[str, str | bytes | None]] = [(k, v.encode()) for k, v in carrier.items()]
+    return headers or None

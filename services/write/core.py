@@ -43,6 +43,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, ConsistencyL
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from services.common import observability
 from services.contracts import bloom, events, keys
 from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED, REDIS_ERRORS
 
@@ -301,7 +302,10 @@ class LikeWriter:
 
         # 3. publish; a failure or a slow ack still answers 202: the outbox row stays for the relay
         published = False
-        fut = self.publisher.publish(events.COMMITTED, keys.kafka_key(it.post_id, shard), payload)
+        fut = self.publisher.publish(
+            events.COMMITTED, keys.kafka_key(it.post_id, shard), payload,
+            headers=observability.trace_headers(),  # the aggregator links its window to it
+        )  # fmt: skip
         fut.add_done_callback(
             lambda f: self._after_publish(f, it.user_id, event.event_id, bucket, oshard, now)
         )

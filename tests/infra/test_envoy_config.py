@@ -31,6 +31,7 @@ PARAMS = EnvoyParams(
     jwt_issuer="https://auth.likes.example/",
     jwks_uri="https://auth.likes.example/.well-known/jwks.json",
     tls_secret_name="gateway-tls",
+    otlp_upstream="otel-collector.likes-observability.svc.cluster.local:4317",
 )
 
 
@@ -421,9 +422,30 @@ def test_every_upstream_cluster_is_strict_dns(bootstrap: dict[str, Any]) -> None
         PARAMS.read_upstream,
         PARAMS.sampler_upstream,
         PARAMS.ratelimit_upstream,
+        PARAMS.otlp_upstream,
         "auth.likes.example:443",
     }
     assert {c["type"] for c in clusters.values()} == {"STRICT_DNS"}
+
+
+def test_every_request_is_traced_to_the_collector_over_http2(bootstrap: dict[str, Any]) -> None:
+    hcm = _hcm(bootstrap)
+    provider = hcm["tracing"]["provider"]
+    assert provider["name"] == "envoy.tracers.opentelemetry"
+    otel = provider["typedConfig"]
+    assert otel["grpcService"]["envoyGrpc"]["clusterName"] == envoy_config.TRACING_CLUSTER
+    assert otel["serviceName"] == envoy_config.TRACING_SERVICE_NAME
+    cluster = _clusters(bootstrap)[envoy_config.TRACING_CLUSTER]
+    assert _cluster_address(cluster) == PARAMS.otlp_upstream
+    options = cluster["typedExtensionProtocolOptions"]
+    assert any("http2ProtocolOptions" in str(v) for v in options.values())  # OTLP is gRPC
+    assert "outlierDetection" not in cluster  # spans never eject anything
+
+
+def test_without_a_collector_the_gateway_makes_no_spans() -> None:
+    b = build_bootstrap(replace(PARAMS, otlp_upstream=None))
+    assert "tracing" not in _hcm(b)
+    assert envoy_config.TRACING_CLUSTER not in {c["name"] for c in b["staticResources"]["clusters"]}
 
 
 def test_access_log_is_json_on_stdout(bootstrap: dict[str, Any]) -> None:
@@ -482,6 +504,7 @@ def test_bootstrap_round_trips_through_envoy_data_plane(bootstrap: dict[str, Any
         ({"stats_port": 8443}, "stats_port"),
         ({"jwks_uri": "http://auth.likes.example/jwks.json"}, "jwks_uri"),
         ({"ratelimit_domain": ""}, "ratelimit_domain"),
+        ({"otlp_upstream": "otel-collector"}, "otlp_upstream"),
     ],
 )
 def test_bad_params_fail_naming_the_field(change: dict[str, Any], key: str) -> None:

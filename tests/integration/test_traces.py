@@ -1,0 +1,134 @@
+"""Traces end to end on the running stack: a like through the gateway is one trace (Envoy's span,
+the write service's server span under it, continued from the caller's traceparent), the Kafka
+hop carries it (the aggregator's window span links to it), the collector's tail sampling keeps
+it, and the seed's traces SLIs read it from the collector's own metrics.
+
+The collector is local/otelcol.py's build running the rendered sampler tier; Tempo is its file
+exporter (OTLP JSON lines), which these tests read."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from infra import envoy_config
+from local.components.observability import OtelCollector
+from services.contracts import metrics as metric_names
+from services.contracts import routes, workloads
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+T = TypeVar("T")
+
+# the sampler's decision_wait (10 s, as rendered), the services' batch export (5 s) and the
+# collector's batch (1 s), with room for a loaded machine
+TRACE_DEADLINE_S = 90
+SERVER = 2  # OTLP's SPAN_KIND_SERVER
+
+
+def _wait(check: Callable[[], T | None], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(1)
+
+
+def _spans(files: list[Path]) -> Iterator[dict[str, Any]]:
+    """Every span the file exporter wrote, each with its resource's service.name as `service`."""
+    for f in files:
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            for rs in json.loads(line).get("resourceSpans", []):
+                attrs = {a["key"]: a["value"] for a in rs["resource"].get("attributes", [])}
+                service = attrs.get("service.name", {}).get("stringValue")
+                for ss in rs.get("scopeSpans", []):
+                    for span in ss.get("spans", []):
+                        yield {**span, "service": service}
+
+
+def _trace_files(stack: Stack) -> list[Path]:
+    out = OtelCollector(stack.layout).traces_file
+    return sorted(out.parent.glob(f"{out.stem}*{out.suffix}"))  # the file and its rotations
+
+
+def _prom(stack: Stack, expr: str) -> list[Any]:
+    r = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": expr}, timeout=10)
+    r.raise_for_status()
+    result: list[Any] = r.json()["data"]["result"]
+    return result
+
+
+def test_a_like_is_one_trace_from_the_gateway_through_write_to_the_aggregators_window(
+    stack: Stack,
+) -> None:
+    trace_id = secrets.token_hex(16)
+    caller_span = secrets.token_hex(8)
+    post = f"traced-{uuid.uuid4().hex[:8]}"
+    r = httpx.post(
+        f"{stack.gateway_url}{routes.WRITE_PATH}",
+        json={"post_id": post, "action": "like"},
+        headers={
+            "Authorization": f"Bearer {stack.token('tracer')}",
+            "Idempotency-Key": str(uuid.uuid4()),
+            "traceparent": f"00-{trace_id}-{caller_span}-01",
+        },
+        timeout=10,
+    )
+    assert r.status_code == 202, r.text
+
+    def traced() -> dict[str, Any] | None:
+        spans = list(_spans(_trace_files(stack)))
+        ours = [s for s in spans if s["traceId"] == trace_id]
+        gateway = [s for s in ours if s["service"] == envoy_config.TRACING_SERVICE_NAME]
+        write = [s for s in ours if s["service"] == workloads.WRITE.name]
+        window = [
+            s
+            for s in spans
+            if s["service"] == workloads.AGGREGATOR.name
+            and any(link["traceId"] == trace_id for link in s.get("links", []))
+        ]
+        if gateway and write and window:
+            return {"gateway": gateway, "write": write, "window": window}
+        return None
+
+    found = _wait(traced, TRACE_DEADLINE_S, f"the like's trace {trace_id} in the traces file")
+    # the caller's span -> Envoy's ingress span -> the write service's: one trace, each hop a
+    # child (Envoy's other spans, its rate limit call, are children of its ingress span)
+    (gw,) = [s for s in found["gateway"] if s.get("parentSpanId") == caller_span]
+    assert gw["kind"] == SERVER
+    (server,) = found["write"]
+    assert (server["parentSpanId"], server["kind"]) == (gw["spanId"], SERVER)
+    assert all(s["parentSpanId"] == gw["spanId"] for s in found["gateway"] if s is not gw)
+    # the window that counted the like links to the write's span (the context Kafka carried)
+    assert any(
+        link["spanId"] == server["spanId"]
+        for s in found["window"]
+        for link in s["links"]
+        if link["traceId"] == trace_id
+    )
+    assert all(s["traceId"] != trace_id for s in found["window"])  # its own trace, linked
+
+
+def test_the_traces_slis_read_the_collectors_metrics(stack: Stack) -> None:
+    """traces_kept_per_second above 0 once traces were kept (the stack's own traffic: the
+    canary's turns, the test above), and otlp_export_failures at 0 while every span is
+    written: read the way the rules record them, so a renamed collector metric fails here."""
+    kept = metric_names.TRACES_KEPT_PER_SECOND
+    _wait(lambda: _prom(stack, f"{kept} > 0"), 180, f"{kept} > 0")
+    failures = _wait(
+        lambda: _prom(stack, metric_names.OTLP_EXPORT_FAILURES), 60, "otlp_export_failures"
+    )
+    assert [float(s["value"][1]) for s in failures] == [0.0]
