@@ -71,9 +71,9 @@ build_collector() {
   fi
   say "building the OpenTelemetry Collector $version (collector builder, ~3 min on 2 cores)"
   rm -f "$dir/manifest.yaml"
-  GOBIN="$PWD/.cache/bin" go install "go.opentelemetry.io/collector/cmd/builder@v$version"
   rm -rf "$dir/dist"
-  if ! .cache/bin/builder --config "$dir/manifest.new.yaml" >"$dir/build.log" 2>&1; then
+  if ! { GOBIN="$PWD/.cache/bin" go install "go.opentelemetry.io/collector/cmd/builder@v$version" \
+      && .cache/bin/builder --config "$dir/manifest.new.yaml"; } >"$dir/build.log" 2>&1; then
     tail -n 30 "$dir/build.log" >&2
     return 1
   fi

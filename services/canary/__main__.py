@@ -9,6 +9,7 @@ from itertools import cycle
 
 import httpx
 import jwt
+from opentelemetry import trace
 
 from services.canary import metrics
 from services.canary.core import Action, Canary, CanaryError, Turn
@@ -17,6 +18,8 @@ from services.common import heap, observability, worker_http
 from services.contracts import clients, routes, workloads
 from services.recount import core as recount
 from services.recount.probes import EdgeStore
+
+tracer = trace.get_tracer("likes.canary")  # a proxy: follows the provider set at start-up
 
 
 def post_ids(settings: CanarySettings) -> list[str]:
@@ -42,6 +45,7 @@ def main() -> None:
 
     settings = CanarySettings()
     log = observability.setup_logging(workloads.CANARY.name, settings.log_level)
+    observability.setup_tracing(workloads.CANARY.name, settings.otlp_endpoint)
     if settings.canary_token is None:
         raise SystemExit("LIKES_CANARY_TOKEN is not set: the canary writes as a signed-in user")
     token = settings.canary_token.get_secret_value()
@@ -65,7 +69,10 @@ def main() -> None:
             r = http.post(
                 routes.WRITE_PATH,
                 json={"post_id": post, "action": action},
-                headers={"idempotency-key": str(uuid.uuid4())},
+                headers={
+                    "idempotency-key": str(uuid.uuid4()),
+                    **observability.http_trace_headers(),  # the turn's trace continues
+                },
             )
         except httpx.HTTPError as e:
             raise CanaryError("write", repr(e)) from e
@@ -74,7 +81,7 @@ def main() -> None:
 
     def read(post: str) -> int | None:
         try:
-            r = http.get(routes.read_path(post))
+            r = http.get(routes.read_path(post), headers=observability.http_trace_headers())
         except httpx.HTTPError as e:
             raise CanaryError("read", repr(e)) from e
         if r.status_code != 200:
@@ -100,7 +107,11 @@ def main() -> None:
     for post in cycle(post_ids(settings)):
         if stop.is_set():
             break
-        turn = canary.turn(post)
+        with tracer.start_as_current_span("canary turn") as span:
+            turn = canary.turn(post)
+            span.set_attributes({"likes.post_id": post, "likes.canary.result": turn.result})
+            if turn.result != "match":  # tail sampling keeps every error trace
+                span.set_status(trace.Status(trace.StatusCode.ERROR, turn.error or turn.result))
         export(turn)
         loop.turned()
         level = log.warning if turn.result != "match" else log.info

@@ -113,6 +113,11 @@ def span_context_from(headers: Any) -> Any:
     return sc if sc.is_valid else None
 
 
+def http_trace_headers() -> dict[str, str]:
+    """The current span's context as HTTP headers (empty while tracing is off)."""
+    return {k: v.decode() for k, v in trace_headers() or () if isinstance(v, bytes)}
+
+
 def trace_headers() -> list[tuple[str, str | bytes | None]] | None:
     """The current span's context as Kafka headers (None while tracing is off or outside a
     span): the consumer links its work to the request that produced the event."""

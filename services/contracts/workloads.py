@@ -110,7 +110,7 @@ HOTKEY_SAMPLER = Workload(
     "services.hotkey_sampler.main",
     "services.hotkey_sampler.settings:SamplerSettings",
     HTTP_PORT,
-    uses=("etcd_host",),
+    uses=("etcd_host", TRACES),
 )
 OUTBOX_RELAY = Workload(
     "outbox-relay",
@@ -143,8 +143,9 @@ CANARY = Workload(
     "services.canary",
     "services.canary.settings:CanarySettings",
     OPS_PORT,
-    # the API as a user calls it, and the edge-store for the reconciler's truth
-    uses=("gateway_url", "cassandra_hosts"),
+    # the API as a user calls it, and the edge-store for the reconciler's truth; each turn is
+    # a trace (kept whatever the sampling when it drifts or fails: its span is an error)
+    uses=("gateway_url", "cassandra_hosts", TRACES),
 )
 HOTKEY_OPERATOR = Workload(
     "hotkey-operator",

@@ -75,6 +75,7 @@ async def publish_loop(
 def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
     cfg = cfg or SamplerSettings()
     observability.setup_logging(WORKLOAD.name, cfg.log_level)
+    observability.setup_tracing(WORKLOAD.name, cfg.otlp_endpoint)
     weight = max(1, round(100 / cfg.sampler_mirror_percent))  # reads one mirrored copy stands for
 
     @asynccontextmanager

@@ -132,3 +132,40 @@ def test_the_traces_slis_read_the_collectors_metrics(stack: Stack) -> None:
         lambda: _prom(stack, metric_names.OTLP_EXPORT_FAILURES), 60, "otlp_export_failures"
     )
     assert [float(s["value"][1]) for s in failures] == [0.0]
+
+
+def test_a_canary_turn_is_one_trace_through_the_gateway(stack: Stack) -> None:
+    """The canary's turn opens a trace and its calls carry it: the gateway's ingress spans are
+    children of the turn's span, and the read service's spans sit under them. A turn that
+    drifted or failed is an error span (so the samplers keep it whatever the healthy share)."""
+
+    def traced_turn() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        spans = list(_spans(_trace_files(stack)))
+        for turn in (s for s in spans if s["service"] == workloads.CANARY.name):
+            trace = [s for s in spans if s["traceId"] == turn["traceId"]]
+            ingress = [
+                s
+                for s in trace
+                if s["service"] == envoy_config.TRACING_SERVICE_NAME
+                and s.get("parentSpanId") == turn["spanId"]
+            ]
+            reads = [
+                s
+                for s in trace
+                if s["service"] == workloads.READ.name
+                and s.get("parentSpanId") in {g["spanId"] for g in ingress}
+            ]
+            if ingress and reads:
+                return turn, trace
+        return None
+
+    # a turn lasts the convergence hold (28 s) and its spans are exported after it ends
+    turn, trace = _wait(traced_turn, 180, "a canary turn's trace through the gateway")
+    result = {a["key"]: a["value"] for a in turn.get("attributes", [])}["likes.canary.result"]
+    is_error = turn.get("status", {}).get("code") == 2  # STATUS_CODE_ERROR
+    assert is_error == (result["stringValue"] != "match")
+    assert {s["service"] for s in trace} >= {
+        workloads.CANARY.name,
+        envoy_config.TRACING_SERVICE_NAME,
+        workloads.READ.name,
+    }
