@@ -167,7 +167,7 @@ def loadbalancer_config(sampler_service: str) -> dict[str, Any]:
                 "resolver": {"k8s": {"service": sampler_service, "ports": [OTLP_GRPC]}},
             }
         },
-        "extensions": {"health_check": {"endpoint": "0.0.0.0:13133"}},
+        "extensions": {"health_check": {"endpoint": f"0.0.0.0:{otel_config.HEALTH_PORT}"}},
         "service": {
             "extensions": ["health_check"],
             "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["loadbalancing"]}},
@@ -800,8 +800,8 @@ class Observability(pulumi.ComponentResource):
                                     for n, p in ports.items()
                                 ],
                                 resources=kx.resources("500m", "1Gi", cpu_limit="2"),
-                                liveness_probe=kx.http_probe("/", 13133),
-                                readiness_probe=kx.http_probe("/", 13133),
+                                liveness_probe=kx.http_probe("/", otel_config.HEALTH_PORT),
+                                readiness_probe=kx.http_probe("/", otel_config.HEALTH_PORT),
                                 security_context=kx.security(uid=10001),
                                 volume_mounts=[
                                     kx.mount("config", COLLECTOR_CONFIG_DIR, read_only=True)

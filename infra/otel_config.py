@@ -16,6 +16,7 @@ __all__ = [
     "BUFFER_EXTENSION",
     "COLLECTOR",
     "COLLECTOR_VERSION",
+    "HEALTH_PORT",
     "METRICS_PORT",
     "OTLP_TRACES_PATH",
     "SAMPLER",
@@ -33,6 +34,7 @@ COLLECTOR = "otel-collector"
 SAMPLER = "otel-sampler"
 OTLP_TRACES_PATH = "/v1/traces"  # OTLP/HTTP's traces path, what the services' exporter posts to
 METRICS_PORT = 8888  # the collector's own metrics (otelcol_*), scraped by Prometheus
+HEALTH_PORT = 13133  # the health_check extension: the tiers' probes
 BUFFER_EXTENSION = "file_storage/buffer"
 # `otlp_grpc` is the exporter's name from v0.144 on (`otlp` is its deprecated alias)
 TEMPO_EXPORTER = "otlp_grpc/tempo"
@@ -84,7 +86,7 @@ def collector_config(
 
     return {
         "extensions": {
-            "health_check": {"endpoint": "0.0.0.0:13133"},
+            "health_check": {"endpoint": f"0.0.0.0:{HEALTH_PORT}"},
             BUFFER_EXTENSION: {
                 "directory": buffer_dir,
                 "create_directory": True,

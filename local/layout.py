@@ -175,7 +175,7 @@ class Ports:
 
     @property
     def otel_grpc(self) -> int:
-        return self._p(4317)  # the OTel Collector's OTLP listeners (infra/observability.py)
+        return self._p(4317)  # the OTel Collector: OTLP gRPC and HTTP, health, its metrics
 
     @property
     def otel_http(self) -> int:

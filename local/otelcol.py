@@ -19,7 +19,14 @@ import yaml
 from infra import otel_config
 from local.layout import HOST
 
-__all__ = ["BINARY", "MODULES", "CollectorTransformError", "collector_config", "manifest"]
+__all__ = [
+    "BINARY",
+    "MODULES",
+    "TRACES_FILE",
+    "CollectorTransformError",
+    "collector_config",
+    "manifest",
+]
 
 BINARY = "otelcol-likes"
 _CORE = "go.opentelemetry.io/collector"
@@ -43,6 +50,7 @@ MODULES: dict[str, dict[str, str]] = {
     },
 }
 LOCAL_TEMPO = "file/tempo"
+TRACES_FILE = "traces.jsonl"  # in the collector's data folder: what Tempo would have received
 
 
 class CollectorTransformError(Exception):
@@ -113,7 +121,7 @@ def collector_config(
         raise CollectorTransformError(f"the render has no {otel_config.TEMPO_EXPORTER} exporter")
     del cfg["exporters"][otel_config.TEMPO_EXPORTER]
     cfg["exporters"][LOCAL_TEMPO] = {
-        "path": str(data_dir / "traces.jsonl"),
+        "path": str(data_dir / TRACES_FILE),
         # every request of a test run is traced (staging keeps them all): bound the disk
         "rotation": {"max_megabytes": 64, "max_backups": 2},
     }

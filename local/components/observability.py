@@ -120,7 +120,7 @@ class OtelCollector(Component):
 
     @property
     def traces_file(self) -> Path:
-        return self.data_dir / "traces.jsonl"
+        return self.data_dir / otelcol.TRACES_FILE
 
     @property
     def config_path(self) -> Path:

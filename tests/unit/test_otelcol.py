@@ -65,7 +65,7 @@ def test_only_the_listed_changes_are_made(tmp_path: Path) -> None:
     }
     # 2. Tempo -> the traces file, in every pipeline
     assert otel_config.TEMPO_EXPORTER not in cfg["exporters"]
-    assert cfg["exporters"][otelcol.LOCAL_TEMPO]["path"] == str(tmp_path / "traces.jsonl")
+    assert cfg["exporters"][otelcol.LOCAL_TEMPO]["path"] == str(tmp_path / otelcol.TRACES_FILE)
     assert cfg["service"]["pipelines"]["traces"]["exporters"] == [otelcol.LOCAL_TEMPO]
     # 3. the buffer under the stack's data
     storage = cfg["extensions"][otel_config.BUFFER_EXTENSION]
