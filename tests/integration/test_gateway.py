@@ -297,13 +297,18 @@ def test_batch_reads_are_limited_per_client_address(edge: Edge, client: httpx.Cl
             routes.BATCH_READ_PATH, json=body, headers={routes.CLIENT_IP_HEADER: address}
         )
 
-    _fresh_window(needed_s=40)
+    # four at a time: one by one, 600 pages took more than the 40 s left of a minute on a
+    # loaded CI machine, and the budget renewed under the burst
+    _fresh_window(needed_s=50)
     before = failed_open()
-    codes: list[int] = []
-    while not _is_rate_limited(r := page(ip)):
-        codes.append(r.status_code)
-        assert len(codes) <= 600 + failed_open() - before, {c: codes.count(c) for c in set(codes)}
-    assert len(codes) >= 600  # not before the budget was spent
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        limited = [_is_rate_limited(r) for r in pool.map(lambda _: page(ip), range(600))]
+    assert not any(limited), limited.count(True)  # not before the budget was spent
+    # past it: refused; a page the service never counted (it failed open) leaves one more
+    sent = 0
+    while not _is_rate_limited(page(ip)):
+        sent += 1
+        assert sent <= failed_open() - before, sent
     assert not _is_rate_limited(page(other_ip))
 
 
