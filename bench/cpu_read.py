@@ -2,7 +2,7 @@
 server, no client), one request at a time, against the stack's real count-cache.
 
     LIKES_HOME=... LIKES_PORT_OFFSET=... .venv/bin/python bench/cpu_read.py \
-        [--requests 2000] [--rounds 3] [--profile anonymous|authenticated|batch|...]
+        [--requests 2000] [--rounds 3] [--profile anonymous|authenticated|batch|...] [--no-traces]
 
 `time.process_time` per request (every thread of this process: the Redis client's work and the
 Cassandra driver's idle loop included), for an anonymous GET, an authenticated GET whose Bloom
@@ -134,12 +134,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from bench import bench_read
     from local import layout, transforms
-    from services.contracts import bloom, keys
+    from services.contracts import bloom, keys, workloads
+    from services.contracts.settings import Settings
     from services.read.heat import StaticHeat
     from services.read.main import create_app
 
     lay = layout.from_env()
     env = bench_read.read_env(lay)
+    if args.no_traces:
+        env.pop(Settings.env_name(workloads.TRACES), None)
     settings = bench_read.read_settings(lay, env)
     os.environ.update({k: v for k, v in env.items() if k.startswith("LIKES_")})  # the baseline's
     rc = RedisCluster(
@@ -254,6 +257,12 @@ def main() -> None:
     ap.add_argument(
         "--profile",
         choices=["anonymous", "authenticated", "batch", "baseline GET", "baseline MGET of 50"],
+    )
+    ap.add_argument(
+        "--no-traces",
+        action="store_true",
+        help="the service without its OTLP exporter (the stack's render turns tracing on): "
+        "run once with and once without to read what tracing costs a request",
     )
     ap.add_argument("--top", type=int, default=30, help="functions shown by --profile")
     ap.add_argument("--profile-out", help="also write the profile (pstats) to this file")
