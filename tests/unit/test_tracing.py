@@ -3,12 +3,16 @@ by its route template, errors marked."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
 
 from services.common import http, observability
 
@@ -26,7 +30,23 @@ def app() -> FastAPI:
     return a
 
 
-def test_tracing_is_off_without_an_endpoint_and_spans_requests_with_one() -> None:
+@pytest.fixture
+def no_provider() -> Iterator[None]:
+    """OpenTelemetry takes one provider per process, and in a full run an in-process app of the
+    stack tests (whose rendered settings name the local collector) installed one already: this
+    test starts from none and leaves what it found (the way OpenTelemetry's own test utilities
+    reset the globals)."""
+    saved = (trace._TRACER_PROVIDER_SET_ONCE, trace._TRACER_PROVIDER, observability._tracing)
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+    observability._tracing = False
+    try:
+        yield
+    finally:
+        trace._TRACER_PROVIDER_SET_ONCE, trace._TRACER_PROVIDER, observability._tracing = saved
+
+
+def test_tracing_is_off_without_an_endpoint_and_spans_requests_with_one(no_provider: None) -> None:
     assert observability.setup_tracing("trace-test", None) is False
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
