@@ -6,6 +6,11 @@ them back.
 file; `GET /` returns every stored notification as a JSON list, `GET /<receiver>` those sent to one
 receiver; `GET /-/ready` answers 200.
 
+Outages, for fault tests (an endpoint production depends on going down, as Cloudflare's API can):
+`PUT /-/outage/<receiver>` with `{"status": 503}` makes every later POST to that receiver answer
+that status, in Cloudflare's error shape, and store nothing; `DELETE /-/outage/<receiver>` ends
+it; `GET /-/outage` lists the outages in force.
+
     python -m local.webhook_sink --host 127.0.0.1 --port 9095 --store .stack/data/webhook-sink.jsonl
 """
 
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 MAX_BODY = 1 << 20  # Alertmanager batches; a notification is a few KB
+OUTAGE = "-/outage"
 
 
 class Store:
@@ -49,7 +55,33 @@ class Store:
         return [e for e in entries if receiver is None or e["receiver"] == receiver]
 
 
-def handler(store: Store) -> type[BaseHTTPRequestHandler]:
+class Outages:
+    """Receivers whose calls fail, and the status they fail with."""
+
+    def __init__(self) -> None:
+        self._status: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def set(self, receiver: str, status: int) -> None:
+        with self._lock:
+            self._status[receiver] = status
+
+    def clear(self, receiver: str) -> bool:
+        with self._lock:
+            return self._status.pop(receiver, None) is not None
+
+    def of(self, receiver: str) -> int | None:
+        with self._lock:
+            return self._status.get(receiver)
+
+    def all(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._status)
+
+
+def handler(store: Store, outages: Outages | None = None) -> type[BaseHTTPRequestHandler]:
+    down = outages if outages is not None else Outages()
+
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, status: int, body: Any) -> None:
             data = json.dumps(body).encode()
@@ -59,26 +91,72 @@ def handler(store: Store) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _body(self) -> Any:
+            """The JSON body; answers 400 and raises ValueError when there is none to read."""
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                self._answer(HTTPStatus.BAD_REQUEST, {"error": f"body over {MAX_BODY} bytes"})
+                raise ValueError("too large")
+            try:
+                return json.loads(self.rfile.read(length) or b"null")
+            except ValueError:
+                self._answer(HTTPStatus.BAD_REQUEST, {"error": "the body is not JSON"})
+                raise
+
+        def _outage_of(self) -> str | None:
+            """The receiver of a `/-/outage/<receiver>` path; None (400 sent) if it names none."""
+            path = self.path.split("?", 1)[0].strip("/")
+            receiver = path.removeprefix(OUTAGE).strip("/")
+            if not path.startswith(OUTAGE) or not receiver or "/" in receiver:
+                self._answer(HTTPStatus.BAD_REQUEST, {"error": f"use /{OUTAGE}/<receiver>"})
+                return None
+            return receiver
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0].strip("/")
             if path == "-/ready":
                 self._answer(HTTPStatus.OK, {"ready": True})
+            elif path == OUTAGE:
+                self._answer(HTTPStatus.OK, down.all())
             else:
                 self._answer(HTTPStatus.OK, store.read(path or None))
+
+        def do_PUT(self) -> None:
+            receiver = self._outage_of()
+            if receiver is None:
+                return
+            try:
+                body = self._body()
+            except ValueError:
+                return
+            status = body.get("status") if isinstance(body, dict) else None
+            if not isinstance(status, int) or not 400 <= status <= 599:
+                self._answer(HTTPStatus.BAD_REQUEST, {"error": "body: {\"status\": 400..599}"})
+                return
+            down.set(receiver, status)
+            self._answer(HTTPStatus.OK, {"receiver": receiver, "status": status})
+
+        def do_DELETE(self) -> None:
+            receiver = self._outage_of()
+            if receiver is not None:
+                self._answer(HTTPStatus.OK, {"receiver": receiver, "ended": down.clear(receiver)})
 
         def do_POST(self) -> None:
             # the first segment names the receiver; an API stand-in's call keeps its full path
             # (Cloudflare's purge is POST /cloudflare/zones/<zone>/purge_cache)
             full = self.path.split("?", 1)[0].strip("/")
             receiver, _, rest = full.partition("/")
-            length = int(self.headers.get("Content-Length") or 0)
-            if not receiver or length > MAX_BODY:
+            if not receiver or receiver == "-":
                 self._answer(HTTPStatus.BAD_REQUEST, {"error": "POST /<receiver>, JSON body"})
                 return
             try:
-                payload = json.loads(self.rfile.read(length) or b"null")
+                payload = self._body()
             except ValueError:
-                self._answer(HTTPStatus.BAD_REQUEST, {"error": "the body is not JSON"})
+                return
+            failing = down.of(receiver)
+            if failing is not None:
+                error = {"code": failing, "message": f"{receiver}: outage (local sink)"}
+                self._answer(failing, {"success": False, "errors": [error]})
                 return
             store.add(receiver, payload, rest)
             # `success` is Cloudflare's answer shape; Alertmanager reads only the status

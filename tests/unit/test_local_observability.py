@@ -245,6 +245,28 @@ def test_sink_keeps_what_arrived_and_serves_it_back(sink: tuple[str, Path]) -> N
     ]
 
 
+def test_sink_plays_an_outage_of_one_receiver_until_it_ends(sink: tuple[str, Path]) -> None:
+    url, store = sink
+    purge = f"{url}/cloudflare/zones/z/purge_cache"
+    assert httpx.put(f"{url}/-/outage/cloudflare", json={"status": 503}).status_code == 200
+    assert httpx.get(f"{url}/-/outage").json() == {"cloudflare": 503}
+    failed = httpx.post(purge, json={"tags": ["a"]})
+    assert failed.status_code == 503 and failed.json()["success"] is False
+    # the other receivers still answer, and what failed was not stored
+    assert httpx.post(f"{url}/tickets", json={"alerts": []}).status_code == 200
+    assert [e["receiver"] for e in webhook_sink.Store(store).read()] == ["tickets"]
+    assert httpx.delete(f"{url}/-/outage/cloudflare").json() == {
+        "receiver": "cloudflare",
+        "ended": True,
+    }
+    assert httpx.post(purge, json={"tags": ["b"]}).json()["success"] is True
+    assert [e["payload"] for e in httpx.get(f"{url}/cloudflare").json()] == [{"tags": ["b"]}]
+    # an outage needs an error status and a receiver
+    assert httpx.put(f"{url}/-/outage/cloudflare", json={"status": 200}).status_code == 400
+    assert httpx.put(f"{url}/-/outage/", json={"status": 503}).status_code == 400
+    assert httpx.get(f"{url}/-/outage").json() == {}
+
+
 def test_sink_refuses_what_it_cannot_store(sink: tuple[str, Path]) -> None:
     url, _ = sink
     assert httpx.post(f"{url}/x", content=b"{not json").status_code == 400
