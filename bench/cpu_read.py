@@ -3,13 +3,17 @@ server, no client), one request at a time, against the stack's real count-cache.
 
     LIKES_HOME=... LIKES_PORT_OFFSET=... .venv/bin/python bench/cpu_read.py \
         [--requests 2000] [--rounds 3] [--profile anonymous|authenticated|batch|...] [--no-traces]
+        [--traceparent gateway|none]
 
 `time.process_time` per request (every thread of this process: the Redis client's work and the
 Cassandra driver's idle loop included), for an anonymous GET, an authenticated GET whose Bloom
 filter says "no", and a batch of 50, all on warm aggregates; and for bench_read.py's baseline
 app (one Redis GET; one MGET of the 50 keys) called the same way, so `cpu_ratio` (baseline CPU /
 service CPU) is the issue's throughput ratio as a CPU-bound server would see it, much less
-sensitive to a shared machine's load than bench_read.py's. With `--profile` the named scenario
+sensitive to a shared machine's load than bench_read.py's. Each request carries the traceparent
+the gateway sends (`--traceparent gateway`, the default: sampled for READ_TRACE_PERCENT of reads,
+the gateway's head sampling) or none (`none`: the service starts, and exports, a trace for every
+request, as it would called directly). With `--profile` the named scenario
 also runs under cProfile and the functions that cost most are printed. Each answer is checked
 (status 200, the seeded count); the last line is JSON.
 """
@@ -133,6 +137,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from redis.cluster import ClusterNode, RedisCluster
 
     from bench import bench_read
+    from infra import otel_config
     from local import layout, transforms
     from services.contracts import bloom, keys, workloads
     from services.contracts.settings import Settings
@@ -175,10 +180,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         while store.session is None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
 
+        def traced(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+            """The headers plus the gateway's traceparent (the baseline ignores it)."""
+            if args.traceparent == "none":
+                return headers
+            sampled = random.random() * 100 < otel_config.READ_TRACE_PERCENT
+            parent = f"00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}-"
+            return [*headers, (b"traceparent", (parent + ("01" if sampled else "00")).encode())]
+
         def get(target: Any, headers: list[tuple[bytes, bytes]]) -> Any:
             async def one() -> bool:
                 p = random.choice(post_ids)
-                status, body = await call(target, scope("GET", f"/v1/posts/{p}/likes", headers))
+                sc = scope("GET", f"/v1/posts/{p}/likes", traced(headers))
+                status, body = await call(target, sc)
                 return status == 200 and json.loads(body)["count"] == expected[p]
 
             return one
@@ -189,7 +203,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 raw = json.dumps({"post_ids": ids}).encode()
                 length = b"%d" % len(raw)
                 headers = [(b"content-type", b"application/json"), (b"content-length", length)]
-                sc = scope("POST", "/v1/posts/likes:batch", headers)
+                sc = scope("POST", "/v1/posts/likes:batch", traced(headers))
                 status, body = await call(target, sc, raw)
                 counts = [it["count"] for it in json.loads(body)["items"]] if status == 200 else []
                 return counts == [expected[p] for p in ids]
@@ -263,6 +277,13 @@ def main() -> None:
         action="store_true",
         help="the service without its OTLP exporter (the stack's render turns tracing on): "
         "run once with and once without to read what tracing costs a request",
+    )
+    ap.add_argument(
+        "--traceparent",
+        choices=["gateway", "none"],
+        default="gateway",
+        help="gateway: each request carries the traceparent the gateway sends, sampled for "
+        "READ_TRACE_PERCENT of reads; none: no traceparent, so the service traces every request",
     )
     ap.add_argument("--top", type=int, default=30, help="functions shown by --profile")
     ap.add_argument("--profile-out", help="also write the profile (pstats) to this file")

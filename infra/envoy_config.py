@@ -71,6 +71,7 @@ from envoy_data_plane.envoy.config.route.v3 import (
     RouteActionRequestMirrorPolicy,
     RouteConfiguration,
     RouteMatch,
+    Tracing,
     VirtualHost,
 )
 from envoy_data_plane.envoy.config.trace.v3 import OpenTelemetryConfig, TracingHttp
@@ -127,6 +128,7 @@ from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
 from envoy_data_plane.envoy.type.v3 import FractionalPercent, FractionalPercentDenominatorType
 from envoy_data_plane.google.protobuf import Any, Empty, Struct, Value
 
+from infra import otel_config
 from services.contracts import keys, routes, tls
 from services.contracts import metrics as metric_names
 
@@ -248,6 +250,9 @@ class EnvoyParams:
     stats_port: int = 9902  # STATS_LISTENER: STATS_PATH only, for Prometheus
     # host:port of the OTel Collector's OTLP/gRPC listener; None: the gateway makes no spans
     otlp_upstream: str | None = None
+    # the share of reads the gateway starts a trace for (a caller's sampled traceparent is
+    # always continued): otel_config.READ_TRACE_PERCENT
+    read_trace_percent: float = otel_config.READ_TRACE_PERCENT
     ratelimit_timeout_ms: int = 50
     write_timeout_s: float = 5.0
     read_timeout_s: float = 2.0
@@ -268,6 +273,9 @@ class EnvoyParams:
         if not 0.0 <= self.mirror_percent <= 100.0:
             raise ValueError(f"mirror_percent: {self.mirror_percent} is not within 0..100")
         _mirror_fraction(self.mirror_percent)
+        if not 0.0 <= self.read_trace_percent <= 100.0:
+            raise ValueError(f"read_trace_percent: {self.read_trace_percent} is not within 0..100")
+        _mirror_fraction(self.read_trace_percent, "read_trace_percent")
         if urlsplit(self.jwks_uri).scheme != "https" or not urlsplit(self.jwks_uri).hostname:
             raise ValueError(f"jwks_uri: {self.jwks_uri!r} is not an https URL")
         for name in ("ratelimit_domain", "jwt_issuer", "tls_secret_name", "user_id_header"):
@@ -282,7 +290,7 @@ def _host_port(value: str, name: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _mirror_fraction(percent: float) -> FractionalPercent:
+def _mirror_fraction(percent: float, name: str = "mirror_percent") -> FractionalPercent:
     """Whole percents stay in HUNDRED (1% reads as 1/100); finer ones need MILLION."""
     if float(percent).is_integer():
         return FractionalPercent(
@@ -290,7 +298,7 @@ def _mirror_fraction(percent: float) -> FractionalPercent:
         )
     per_million = percent * 10_000
     if not math.isclose(per_million, round(per_million)):
-        raise ValueError(f"mirror_percent: {percent} is finer than one per million")
+        raise ValueError(f"{name}: {percent} is finer than one per million")
     return FractionalPercent(
         numerator=round(per_million), denominator=FractionalPercentDenominatorType.MILLION
     )
@@ -470,16 +478,22 @@ def _routes(params: EnvoyParams) -> RouteConfiguration:
             rate_limits=_write_rate_limits(params),
         ),
     )
+    # reads are head-sampled: a trace starts for this share of them (otel_config)
+    read_tracing = Tracing(
+        random_sampling=_mirror_fraction(params.read_trace_percent, "read_trace_percent")
+    )
     read = Route(
         name="post_likes_read",
         match=RouteMatch(safe_regex=RegexMatcher(regex=READ_PATH_REGEX), headers=[_method("GET")]),
         route=_read_action(params),
+        tracing=read_tracing,
     )
     batch = Route(
         name="post_likes_batch_read",
         # a read although a POST (the ids are a body); mirrored like the single read
         match=RouteMatch(path=BATCH_READ_PATH, headers=[_method("POST")]),
         route=_read_action(params, _batch_rate_limits()),
+        tracing=read_tracing,
     )
     # A token's `sub` becomes the per-user descriptor, a key in the limiter's Redis, before any
     # service sees it: one outside the services' own rule (keys.USER_ID_PATTERN: bounded, no
@@ -636,8 +650,9 @@ def _http_connection_manager(params: EnvoyParams) -> HttpConnectionManager:
         access_log=[_access_log()],
     )
     if params.otlp_upstream is not None:
-        # every request is traced here (the collector's tail sampling decides what is kept);
-        # a caller's traceparent is continued, as the services continue Envoy's
+        # every write is traced here and READ_TRACE_PERCENT of reads (the routes' tracing);
+        # the collector's tail sampling decides what is kept. A caller's traceparent is
+        # continued with its sampled flag, as the services continue Envoy's
         hcm.tracing = HttpConnectionManagerTracing(
             provider=TracingHttp(
                 name="envoy.tracers.opentelemetry",

@@ -19,6 +19,7 @@ __all__ = [
     "HEALTH_PORT",
     "METRICS_PORT",
     "OTLP_TRACES_PATH",
+    "READ_TRACE_PERCENT",
     "SAMPLER",
     "TEMPO_EXPORTER",
     "collector_config",
@@ -36,6 +37,12 @@ OTLP_TRACES_PATH = "/v1/traces"  # OTLP/HTTP's traces path, what the services' e
 METRICS_PORT = 8888  # the collector's own metrics (otelcol_*), scraped by Prometheus
 HEALTH_PORT = 13133  # the health_check extension: the tiers' probes
 BUFFER_EXTENSION = "file_storage/buffer"
+# Reads are head-sampled at the gateway (this share of those whose caller sent no sampled
+# traceparent): tens of millions a second, each a span in Envoy and one in the read service, are
+# more than tail sampling should be asked to buffer, and tracing every one cost the read service
+# a third of its CPU (bench/cpu_read.py --no-traces). Writes are all traced; tail sampling keeps
+# their errors and outliers. A degraded read shows in the read SLI, traced or not.
+READ_TRACE_PERCENT = 1.0
 # `otlp_grpc` is the exporter's name from v0.144 on (`otlp` is its deprecated alias)
 TEMPO_EXPORTER = "otlp_grpc/tempo"
 

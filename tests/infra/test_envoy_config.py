@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
 
-from infra import envoy_config
+from infra import envoy_config, otel_config
 from infra.envoy_config import EnvoyParams, build_bootstrap, ratelimit_service_config
 from local import layout
 from local import tls as local_tls
@@ -428,7 +428,24 @@ def test_every_upstream_cluster_is_strict_dns(bootstrap: dict[str, Any]) -> None
     assert {c["type"] for c in clusters.values()} == {"STRICT_DNS"}
 
 
-def test_every_request_is_traced_to_the_collector_over_http2(bootstrap: dict[str, Any]) -> None:
+def test_the_gateway_traces_every_write_and_a_sample_of_reads(bootstrap: dict[str, Any]) -> None:
+    write = _route_for(bootstrap, "POST", "/v1/likes")
+    assert write is not None and "tracing" not in write  # the listener's default: every request
+    for method, path in (("GET", "/v1/posts/1/likes"), ("POST", "/v1/posts/likes:batch")):
+        route = _route_for(bootstrap, method, path)
+        assert route is not None
+        # 1 in 100 (HUNDRED, the default denominator, is left out of the JSON)
+        assert route["tracing"] == {"randomSampling": {"numerator": 1}}, route
+    assert otel_config.READ_TRACE_PERCENT == 1.0
+    finer = build_bootstrap(replace(PARAMS, read_trace_percent=0.01))
+    route = _route_for(finer, "GET", "/v1/posts/1/likes")
+    assert route is not None
+    assert route["tracing"]["randomSampling"] == {"numerator": 100, "denominator": "MILLION"}
+    with pytest.raises(ValueError, match="read_trace_percent"):
+        replace(PARAMS, read_trace_percent=101.0)
+
+
+def test_spans_go_to_the_collector_over_http2(bootstrap: dict[str, Any]) -> None:
     hcm = _hcm(bootstrap)
     provider = hcm["tracing"]["provider"]
     assert provider["name"] == "envoy.tracers.opentelemetry"
