@@ -131,7 +131,7 @@ def handler(store: Store, outages: Outages | None = None) -> type[BaseHTTPReques
                 return
             status = body.get("status") if isinstance(body, dict) else None
             if not isinstance(status, int) or not 400 <= status <= 599:
-                self._answer(HTTPStatus.BAD_REQUEST, {"error": "body: {\"status\": 400..599}"})
+                self._answer(HTTPStatus.BAD_REQUEST, {"error": 'body: {"status": 400..599}'})
                 return
             down.set(receiver, status)
             self._answer(HTTPStatus.OK, {"receiver": receiver, "status": status})
