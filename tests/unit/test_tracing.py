@@ -35,15 +35,19 @@ def no_provider() -> Iterator[None]:
     """OpenTelemetry takes one provider per process, and in a full run an in-process app of the
     stack tests (whose rendered settings name the local collector) installed one already: this
     test starts from none and leaves what it found (the way OpenTelemetry's own test utilities
-    reset the globals)."""
+    reset the globals). The middleware's proxy tracer caches the first real tracer it resolved,
+    so it gets a fresh proxy too."""
     saved = (trace._TRACER_PROVIDER_SET_ONCE, trace._TRACER_PROVIDER, observability._tracing)
+    saved_tracer = http._tracer
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace._TRACER_PROVIDER = None
     observability._tracing = False
+    http._tracer = trace.get_tracer("likes.http")
     try:
         yield
     finally:
         trace._TRACER_PROVIDER_SET_ONCE, trace._TRACER_PROVIDER, observability._tracing = saved
+        http._tracer = saved_tracer
 
 
 def test_tracing_is_off_without_an_endpoint_and_spans_requests_with_one(no_provider: None) -> None:
