@@ -190,6 +190,14 @@ class Ports:
         return self._p(8888)
 
     @property
+    def tempo_grpc(self) -> int:
+        return self._p(4319)  # the local Tempo stand-in the collector exports to; its health
+
+    @property
+    def tempo_health(self) -> int:
+        return self._p(13134)
+
+    @property
     def prometheus(self) -> int:
         return self._p(9090)
 

@@ -1,6 +1,8 @@
 """The local OpenTelemetry Collector: built from Go modules with the collector builder at the
 release the program deploys (infra/otel_config.COLLECTOR_VERSION), running the tail-sampling
-tier's rendered config through the changes listed in `collector_config`.
+tier's rendered config through the changes listed in `collector_config`. The same binary plays
+Tempo (`tempo_config`): it receives what the sampler exports and writes it to a file the tests
+read, and stopping it is a Tempo outage.
 
 `python -m local.otelcol manifest FILE` writes the builder's manifest (local/setup.sh builds it
 into .cache/bin); the component list is what the rendered config names, so a component the
@@ -18,6 +20,7 @@ import yaml
 
 from infra import otel_config
 from local.layout import HOST
+from local.observability_transforms import scaled
 
 __all__ = [
     "BINARY",
@@ -26,6 +29,7 @@ __all__ = [
     "CollectorTransformError",
     "collector_config",
     "manifest",
+    "tempo_config",
 ]
 
 BINARY = "otelcol-likes"
@@ -42,7 +46,7 @@ MODULES: dict[str, dict[str, str]] = {
     },
     "exporters": {
         "otlp_grpc": f"{_CORE}/exporter/otlpexporter",
-        "file": f"{_CONTRIB}/exporter/fileexporter",  # plays Tempo locally
+        "file": f"{_CONTRIB}/exporter/fileexporter",  # the Tempo stand-in's store
     },
     "extensions": {
         "health_check": f"{_CONTRIB}/extension/healthcheckextension",
@@ -50,7 +54,10 @@ MODULES: dict[str, dict[str, str]] = {
     },
 }
 LOCAL_TEMPO = "file/tempo"
-TRACES_FILE = "traces.jsonl"  # in the collector's data folder: what Tempo would have received
+TRACES_FILE = "traces.jsonl"  # in the collector's data folder: what Tempo received
+# the exporter's retry durations (how long a batch is retried before it is dropped and counted
+# in otelcol_exporter_send_failed_spans, which TraceExportFailing reads)
+RETRY_DURATIONS = ("initial_interval", "max_interval", "max_elapsed_time")
 
 
 class CollectorTransformError(Exception):
@@ -84,15 +91,16 @@ def collector_config(
     http_port: int,
     health_port: int,
     metrics_port: int,
+    tempo_port: int,
     data_dir: Path,
 ) -> dict[str, Any]:
     """The sampler tier's rendered config as the local collector runs it. The changes:
 
     1. every listener binds loopback at the stack's port (OTLP gRPC and HTTP, health, metrics);
-    2. Tempo's exporter -> a file exporter writing OTLP JSON lines to <data>/traces.jsonl,
-       rotated at 64 MB with 2 backups (no Tempo here; the tests read the files). The file
-       exporter has no queue or retry: the disk-backed queue and its retry settings go with
-       Tempo's exporter;
+    2. Tempo's exporter dials the local Tempo stand-in (`tempo_config`) at `tempo_port`, its
+       retry durations scaled by the alerts' one TIME_SCALE (local/observability_transforms.py
+       transform 6): a batch Tempo refused is dropped after 10 s instead of 10 min, as the
+       TraceExportFailing alert that counts the drops waits 10 s instead of 10 min;
     3. the buffer directory -> <data>/buffer;
     4. the front tier (routing each trace by id to one sampler) does not run: with one
        collector every span already reaches the same sampler, and its `loadbalancing` exporter
@@ -119,19 +127,36 @@ def collector_config(
         storage["compaction"]["directory"] = str(buffer)
     if otel_config.TEMPO_EXPORTER not in cfg["exporters"]:
         raise CollectorTransformError(f"the render has no {otel_config.TEMPO_EXPORTER} exporter")
-    del cfg["exporters"][otel_config.TEMPO_EXPORTER]
-    cfg["exporters"][LOCAL_TEMPO] = {
-        "path": str(data_dir / TRACES_FILE),
-        # every request of a test run is traced (staging keeps them all): bound the disk
-        "rotation": {"max_megabytes": 64, "max_backups": 2},
-    }
-    for pipeline in cfg["service"]["pipelines"].values():
-        pipeline["exporters"] = [
-            LOCAL_TEMPO if e == otel_config.TEMPO_EXPORTER else e for e in pipeline["exporters"]
-        ]
+    tempo = cfg["exporters"][otel_config.TEMPO_EXPORTER]
+    tempo["endpoint"] = f"{HOST}:{tempo_port}"
+    retry = tempo.get("retry_on_failure") or {}
+    for key in RETRY_DURATIONS:
+        if key in retry:
+            retry[key] = scaled(retry[key])
     for reader in cfg["service"]["telemetry"]["metrics"]["readers"]:
         reader["pull"]["exporter"]["prometheus"].update(host=HOST, port=metrics_port)
     return cfg
+
+
+def tempo_config(*, grpc_port: int, health_port: int, data_dir: Path) -> dict[str, Any]:
+    """The Tempo stand-in: an OTLP/gRPC receiver (what Tempo's distributor speaks) writing what
+    arrives as OTLP JSON lines to <data>/traces.jsonl, rotated at 64 MB with 2 backups (the
+    tests read them). No metrics of its own: it plays a backend, not a collector."""
+    return {
+        "extensions": {"health_check": {"endpoint": f"{HOST}:{health_port}"}},
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"{HOST}:{grpc_port}"}}}},
+        "exporters": {
+            LOCAL_TEMPO: {
+                "path": str(data_dir / TRACES_FILE),
+                "rotation": {"max_megabytes": 64, "max_backups": 2},
+            }
+        },
+        "service": {
+            "extensions": ["health_check"],
+            "pipelines": {"traces": {"receivers": ["otlp"], "exporters": [LOCAL_TEMPO]}},
+            "telemetry": {"metrics": {"level": "none"}},
+        },
+    }
 
 
 def main(argv: list[str]) -> int:

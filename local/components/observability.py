@@ -104,11 +104,13 @@ class Alertmanager(Component):
 
 class OtelCollector(Component):
     """Every workload's and the gateway's spans arrive here (OTLP): the rendered sampler tier,
-    which keeps what its tail-sampling policies keep and writes it where Tempo would receive
-    it (the file `traces_file`, OTLP JSON lines)."""
+    which keeps what its tail-sampling policies keep and exports it to Tempo through its disk
+    queue. Tempo is a second run of the same binary (server `tempo`) that writes what it
+    receives to `traces_file` (OTLP JSON lines); `likes local stop tempo` is a Tempo outage."""
 
     name = otel_config.COLLECTOR  # what every exporter dials
     plays = otel_config.SAMPLER  # whose config, pod labels and metrics it has
+    TEMPO = "tempo"  # the stand-in's server name
 
     @property
     def binary(self) -> Path:
@@ -119,21 +121,41 @@ class OtelCollector(Component):
         return self.layout.data / "otel"
 
     @property
+    def tempo_dir(self) -> Path:
+        return self.layout.data / self.TEMPO
+
+    @property
     def traces_file(self) -> Path:
-        return self.data_dir / otelcol.TRACES_FILE
+        return self.tempo_dir / otelcol.TRACES_FILE
 
     @property
     def config_path(self) -> Path:
         return self.layout.conf / "otelcol.yaml"
 
     @property
+    def tempo_config_path(self) -> Path:
+        return self.layout.conf / "tempo.yaml"
+
+    @property
     def health_url(self) -> str:
         return f"http://{HOST}:{self.layout.ports.otel_health}"
+
+    @property
+    def tempo_health_url(self) -> str:
+        return f"http://{HOST}:{self.layout.ports.tempo_health}"
 
     def servers(self) -> list[Server]:
         if not self.binary.exists():
             raise MissingBinary(f"{self.binary} is missing: run local/setup.sh")
         return [
+            Server(
+                name=self.TEMPO,
+                argv=[str(self.binary), f"--config={self.tempo_config_path}"],
+                address=f"{HOST}:{self.layout.ports.tempo_grpc}",
+                probe=lambda: http_probe(f"{self.tempo_health_url}/"),
+                start_timeout=30,
+                stop_timeout=10,
+            ),
             Server(
                 name=self.name,
                 argv=[str(self.binary), f"--config={self.config_path}"],
@@ -141,7 +163,7 @@ class OtelCollector(Component):
                 probe=lambda: http_probe(f"{self.health_url}/"),
                 start_timeout=30,
                 stop_timeout=10,
-            )
+            ),
         ]
 
     def metrics_targets(self) -> list[str]:
@@ -155,14 +177,24 @@ class OtelCollector(Component):
             http_port=p.otel_http,
             health_port=p.otel_health,
             metrics_port=p.otel_metrics,
+            tempo_port=p.tempo_grpc,
             data_dir=self.data_dir,
+        )
+        return yaml.safe_dump(cfg, sort_keys=False)
+
+    def tempo_config(self) -> str:
+        p = self.layout.ports
+        cfg = otelcol.tempo_config(
+            grpc_port=p.tempo_grpc, health_port=p.tempo_health, data_dir=self.tempo_dir
         )
         return yaml.safe_dump(cfg, sort_keys=False)
 
     def prepare(self) -> None:
         self.layout.ensure()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.tempo_dir.mkdir(parents=True, exist_ok=True)
         _write_if_changed(self.config_path, self.config())
+        _write_if_changed(self.tempo_config_path, self.tempo_config())
 
 
 class Prometheus(Component):

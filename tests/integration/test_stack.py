@@ -40,7 +40,7 @@ def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None
     status = json.loads(stack.first_up.stdout.splitlines()[-1])
     expected = {
         "etcd", "cassandra", "schema-registry", "prometheus", "alertmanager",
-        "webhook-sink", "redis-exporter", "otel-collector",
+        "webhook-sink", "redis-exporter", "otel-collector", "tempo",
         "write", "read", "outbox-relay", "aggregator", "hotkey-sampler", "hotkey-operator",
         "consumer-lag", "canary",
         "identity-provider", "gateway", "ratelimit", "ratelimit-redis",

@@ -14,7 +14,13 @@ from infra import otel_config
 from local import otelcol
 
 TEMPO = "tempo.likes-observability.svc.cluster.local:4317"
-PORTS = {"grpc_port": 5317, "http_port": 5318, "health_port": 14133, "metrics_port": 9888}
+PORTS = {
+    "grpc_port": 5317,
+    "http_port": 5318,
+    "health_port": 14133,
+    "metrics_port": 9888,
+    "tempo_port": 5319,
+}
 
 
 def _rendered() -> dict[str, Any]:
@@ -63,10 +69,21 @@ def test_only_the_listed_changes_are_made(tmp_path: Path) -> None:
         "host": "127.0.0.1",
         "port": PORTS["metrics_port"],
     }
-    # 2. Tempo -> the traces file, in every pipeline
-    assert otel_config.TEMPO_EXPORTER not in cfg["exporters"]
-    assert cfg["exporters"][otelcol.LOCAL_TEMPO]["path"] == str(tmp_path / otelcol.TRACES_FILE)
-    assert cfg["service"]["pipelines"]["traces"]["exporters"] == [otelcol.LOCAL_TEMPO]
+    # 2. Tempo -> the local stand-in, its retries on the alerts' time scale (10 min -> 10 s)
+    tempo, rendered_tempo = (c["exporters"][otel_config.TEMPO_EXPORTER] for c in (cfg, before))
+    assert tempo["endpoint"] == f"127.0.0.1:{PORTS['tempo_port']}"
+    assert rendered_tempo["retry_on_failure"]["max_elapsed_time"] == "10m"
+    assert tempo["retry_on_failure"] == {
+        **rendered_tempo["retry_on_failure"],
+        "initial_interval": "1s",
+        "max_interval": "1s",
+        "max_elapsed_time": "10s",
+    }
+    # the disk queue and everything else of the exporter as rendered
+    assert {k: v for k, v in tempo.items() if k not in ("endpoint", "retry_on_failure")} == {
+        k: v for k, v in rendered_tempo.items() if k not in ("endpoint", "retry_on_failure")
+    }
+    assert cfg["service"]["pipelines"]["traces"]["exporters"] == [otel_config.TEMPO_EXPORTER]
     # 3. the buffer under the stack's data
     storage = cfg["extensions"][otel_config.BUFFER_EXTENSION]
     assert storage["directory"] == storage["compaction"]["directory"] == str(tmp_path / "buffer")
@@ -90,3 +107,12 @@ def test_a_render_without_tempo_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(otelcol.CollectorTransformError, match="tempo"):
         _local(rendered, tmp_path)
+
+
+def test_the_tempo_stand_in_writes_what_it_receives_to_the_traces_file(tmp_path: Path) -> None:
+    cfg = otelcol.tempo_config(grpc_port=5319, health_port=14134, data_dir=tmp_path)
+    assert cfg["receivers"]["otlp"]["protocols"] == {"grpc": {"endpoint": "127.0.0.1:5319"}}
+    (exporter,) = cfg["service"]["pipelines"]["traces"]["exporters"]
+    assert cfg["exporters"][exporter]["path"] == str(tmp_path / otelcol.TRACES_FILE)
+    assert exporter.split("/")[0] in otelcol.MODULES["exporters"]  # in the one build
+    assert cfg["service"]["telemetry"]["metrics"]["level"] == "none"  # no port of its own
