@@ -651,8 +651,10 @@ def _http_connection_manager(params: EnvoyParams) -> HttpConnectionManager:
     )
     if params.otlp_upstream is not None:
         # every write is traced here and READ_TRACE_PERCENT of reads (the routes' tracing);
-        # the collector's tail sampling decides what is kept. A caller's traceparent is
-        # continued with its sampled flag, as the services continue Envoy's
+        # the collector's tail sampling decides what is kept. A caller's traceparent gives the
+        # trace its parent but not its sampling: the traceparent Envoy sends upstream carries
+        # Envoy's decision, which the services continue, so no client can force the read path
+        # to trace (checked on the stack: a sampled traceparent on a read leaves no span)
         hcm.tracing = HttpConnectionManagerTracing(
             provider=TracingHttp(
                 name="envoy.tracers.opentelemetry",

@@ -122,6 +122,46 @@ def test_a_like_is_one_trace_from_the_gateway_through_write_to_the_aggregators_w
     assert all(s["traceId"] != trace_id for s in found["window"])  # its own trace, linked
 
 
+def test_a_callers_sampled_traceparent_cannot_force_a_read_trace(stack: Stack) -> None:
+    """Reads are head-sampled at the gateway (READ_TRACE_PERCENT): twenty reads, each with its
+    own sampled traceparent, leave (almost) no span, while a write with one, sent after them,
+    is traced through (the control: the pipeline is up, and it drained the reads' spans first).
+    At 1 %, more than 3 of 20 traced happens once in ~20 000 runs."""
+    token = stack.token("head-sampler")
+    reads = [secrets.token_hex(16) for _ in range(20)]
+    for trace_id in reads:
+        r = httpx.get(
+            stack.gateway_url + routes.read_path("head-sampled"),
+            headers={
+                "Authorization": f"Bearer {token}",
+                "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+            },
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+    control = secrets.token_hex(16)
+    r = httpx.post(
+        f"{stack.gateway_url}{routes.WRITE_PATH}",
+        json={"post_id": "head-sampled", "action": "like"},
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Idempotency-Key": str(uuid.uuid4()),
+            "traceparent": f"00-{control}-{secrets.token_hex(8)}-01",
+        },
+        timeout=10,
+    )
+    assert r.status_code == 202, r.text
+
+    def write_traced() -> set[str] | None:
+        ids = {s["traceId"] for s in _spans(_trace_files(stack))}
+        return ids if control in ids else None
+
+    _wait(write_traced, TRACE_DEADLINE_S, f"the control write's trace {control}")
+    time.sleep(3)  # the file exporter's flush of anything decided with it
+    traced = set(reads) & {s["traceId"] for s in _spans(_trace_files(stack))}
+    assert len(traced) <= 3, f"{len(traced)} of 20 reads traced: the caller's flag forced them"
+
+
 def test_the_traces_slis_read_the_collectors_metrics(stack: Stack) -> None:
     """traces_kept_per_second above 0 once traces were kept (the stack's own traffic: the
     canary's turns, the test above), and otlp_export_failures at 0 while every span is
@@ -135,9 +175,11 @@ def test_the_traces_slis_read_the_collectors_metrics(stack: Stack) -> None:
 
 
 def test_a_canary_turn_is_one_trace_through_the_gateway(stack: Stack) -> None:
-    """The canary's turn opens a trace and its calls carry it: the gateway's ingress spans are
-    children of the turn's span, and the read service's spans sit under them. A turn that
-    drifted or failed is an error span (so the samplers keep it whatever the healthy share)."""
+    """The canary's turn opens a trace and its calls carry it: the gateway's ingress span of its
+    like or unlike is a child of the turn's span, and the write service's span sits under it
+    (the gateway traces every write; the turn's reads are head-sampled like any caller's, at
+    READ_TRACE_PERCENT, whatever flag the canary's traceparent carries). A turn that drifted or
+    failed is an error span (so the samplers keep it whatever the healthy share)."""
 
     def traced_turn() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         spans = list(_spans(_trace_files(stack)))
@@ -149,13 +191,13 @@ def test_a_canary_turn_is_one_trace_through_the_gateway(stack: Stack) -> None:
                 if s["service"] == envoy_config.TRACING_SERVICE_NAME
                 and s.get("parentSpanId") == turn["spanId"]
             ]
-            reads = [
+            writes = [
                 s
                 for s in trace
-                if s["service"] == workloads.READ.name
+                if s["service"] == workloads.WRITE.name
                 and s.get("parentSpanId") in {g["spanId"] for g in ingress}
             ]
-            if ingress and reads:
+            if ingress and writes:
                 return turn, trace
         return None
 
@@ -167,5 +209,5 @@ def test_a_canary_turn_is_one_trace_through_the_gateway(stack: Stack) -> None:
     assert {s["service"] for s in trace} >= {
         workloads.CANARY.name,
         envoy_config.TRACING_SERVICE_NAME,
-        workloads.READ.name,
+        workloads.WRITE.name,
     }
