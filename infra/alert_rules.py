@@ -33,6 +33,8 @@ __all__ = [
     "COUNT_CACHE_SELECTOR",
     "COUNT_CACHE_SKEW",
     "COUNT_FLICKER",
+    "DEAD_LETTER_DAILY_GROWTH",
+    "DEAD_LETTER_DAILY_LIMIT",
     "HOTKEY_OPERATOR",
     "HOTKEY_SAMPLER",
     "OUTBOX_RELAY",
@@ -353,6 +355,10 @@ def _burn_rate_rules(slo: Slo, runbook_base: str) -> list[dict[str, Any]]:
     return rules
 
 
+DEAD_LETTER_DAILY_GROWTH = "DeadLetterDailyGrowth"
+DEAD_LETTER_DAILY_LIMIT = 1000  # the seed: page when the DLQ's daily delta exceeds this
+
+
 def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     """The alerts the seed names that are not SLOs."""
     return [
@@ -370,11 +376,16 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
         {
             # the seed: page when the DLQ's daily delta exceeds 1000 events; every consumer that
             # dead-letters counts its sends (likes_aggregator_dead_letter_total and the like)
-            "alert": "DeadLetterDailyGrowth",
-            "expr": 'sum(increase({__name__=~"likes_.+_dead_letter_total"}[1d])) > 1000',
+            "alert": DEAD_LETTER_DAILY_GROWTH,
+            "expr": (
+                'sum(increase({__name__=~"likes_.+_dead_letter_total"}[1d])) > '
+                f"{DEAD_LETTER_DAILY_LIMIT}"
+            ),
             "labels": {"severity": SEVERITY_PAGE, SERVICE_LABEL: AGGREGATOR},
             "annotations": {
-                "summary": "likes.dead-letter grew by more than 1000 events in a day",
+                "summary": (
+                    f"likes.dead-letter grew by more than {DEAD_LETTER_DAILY_LIMIT} events in a day"
+                ),
                 "description": (
                     "{{ $value }} events were dead-lettered in 24 h: usually a producer/consumer "
                     "version mismatch the registry did not catch."

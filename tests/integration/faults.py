@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+import httpx
 from confluent_kafka import Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -27,3 +33,65 @@ def produce_like(stack: Stack) -> int:
               on_delivery=lambda _err, m: partition.append(m.partition()))  # fmt: skip
     assert p.flush(30) == 0 and len(partition) == 1
     return partition[0]
+
+
+def produce_poison(stack: Stack, n: int = 1) -> None:
+    """`n` messages on likes.committed that no consumer can decode (no Avro, no registry
+    header): each one the aggregator dead-letters."""
+    p = Producer(stack.kafka_config())
+    for i in range(n):
+        p.produce(events.COMMITTED, key=f"poison-{uuid.uuid4()}".encode(),
+                  value=b"\x00 not Avro: a fault test's poison " + str(i).encode())  # fmt: skip
+        if i % 1000 == 999:
+            p.flush(30)
+    assert p.flush(30) == 0
+
+
+def set_sink_outage(stack: Stack, receiver: str, status: int | None) -> None:
+    """The local stand-in of an external endpoint (local/webhook_sink.py) answers `status` to
+    every call for `receiver` from now on; None ends the outage."""
+    url = f"http://{stack.host}:{stack.layout.ports.webhook_sink}/-/outage/{receiver}"
+    if status is None:
+        httpx.delete(url, timeout=5).raise_for_status()
+    else:
+        httpx.put(url, json={"status": status}, timeout=5).raise_for_status()
+
+
+# ptrace(2) requests (linux/ptrace.h)
+_PTRACE_DETACH, _PTRACE_SEIZE, _PTRACE_INTERRUPT = 17, 0x4206, 0x4207
+_WALL = 0x40000000
+
+
+def _ptrace(request: int, tid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    libc.ptrace.restype = ctypes.c_long
+    if libc.ptrace(request, tid, None, None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"ptrace({request:#x}, {tid}): {os.strerror(errno)}")
+
+
+@contextmanager
+def hung_main_thread(pid: int, answers: Callable[[], bool], attempts: int = 5) -> Iterator[None]:
+    """The process's main thread (a worker's loop) stops, its other threads (the ops server:
+    /healthz, /metrics) go on: a hung call as the loop would see it, from outside, with no
+    hook in the service. ptrace stops that one thread (SEIZE + INTERRUPT, no group stop) and
+    DETACH lets it go; a tracer that dies detaches too. Python's GIL: a thread stopped while
+    holding it would stall the others, so the stop is retried until `answers()` (the ops
+    server) still answers with it in force."""
+    for _ in range(attempts):
+        _ptrace(_PTRACE_SEIZE, pid)
+        _ptrace(_PTRACE_INTERRUPT, pid)
+        os.waitpid(pid, _WALL)  # stopped
+        if answers():
+            break
+        _ptrace(_PTRACE_DETACH, pid)  # stopped while holding the GIL: again
+        time.sleep(0.3)
+    else:
+        raise AssertionError(
+            f"pid {pid}: no stop of its main thread left its other threads running"
+        )
+    try:
+        yield
+    finally:
+        _ptrace(_PTRACE_DETACH, pid)
