@@ -143,7 +143,11 @@ class RedMetrics:
                 status = message["status"]
             await send(message)
 
-        if not observability.tracing_on() or scope["path"] in UNTRACED_PATHS:
+        if (
+            not observability.tracing_on()
+            or scope["path"] in UNTRACED_PATHS
+            or observability.unsampled(scope.get("headers"))
+        ):
             try:
                 await self.app(scope, receive, send_status)
             finally:

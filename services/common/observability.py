@@ -102,6 +102,25 @@ def context_from(headers: Any) -> Any:
     return TraceContextTextMapPropagator().extract(carrier)
 
 
+def unsampled(headers: Any) -> bool:
+    """Whether the caller's W3C traceparent (ASGI bytes pairs) says "not sampled": the gateway
+    head-samples reads, so most arrive so, and the middleware then opens no span at all (the
+    SDK's non-recording span, its context attach and the header parse cost an anonymous read
+    about a fifth of its CPU, bench/cpu_read.py). Such a request's events carry no trace
+    context either: nothing downstream would have kept it. A malformed header is not an
+    unsampled one (the propagator decides)."""
+    for k, v in headers or ():
+        if k == b"traceparent":
+            # version 00: 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>
+            if len(v) != 55 or v[:3] != b"00-":
+                return False
+            try:
+                return not int(v[53:55], 16) & 1
+            except ValueError:
+                return False
+    return False
+
+
 def span_context_from(headers: Any) -> Any:
     """The remote span a message's headers name (for a span link), or None."""
     from opentelemetry import trace

@@ -18,13 +18,17 @@ from services.common import http, observability
 
 
 def app() -> FastAPI:
-    a = FastAPI()
+    a = FastAPI(telemetry=observability.FASTAPI_TELEMETRY_OFF)  # as the services build theirs
 
     @a.get("/v1/posts/{post_id}/likes")
     async def likes(post_id: str) -> dict[str, str]:
         if post_id == "down":
             raise http.ApiError(503, "unavailable", "down")
         return {"post_id": post_id}
+
+    @a.get("/v1/span")
+    async def span() -> dict[str, bool]:  # what the handler runs under
+        return {"in_a_span": trace.get_current_span().get_span_context().is_valid}
 
     http.install(a, "trace-test")
     return a
@@ -61,7 +65,6 @@ def test_tracing_is_off_without_an_endpoint_and_spans_requests_with_one(no_provi
     with TestClient(app()) as c:
         assert c.get("/v1/posts/p1/likes").status_code == 200
         assert c.get("/v1/posts/down/likes").status_code == 503
-    # ours are the request spans (FastAPI adds child spans of its own)
     spans = [s for s in exporter.get_finished_spans() if (s.attributes or {}).get("likes.service")]
     named = [(s.name, (s.attributes or {}).get("http.response.status_code")) for s in spans]
     assert named == [
@@ -69,3 +72,48 @@ def test_tracing_is_off_without_an_endpoint_and_spans_requests_with_one(no_provi
         ("GET /v1/posts/{post_id}/likes", 503),
     ]
     assert spans[1].status.status_code == trace.StatusCode.ERROR
+
+
+def test_a_caller_that_did_not_sample_gets_no_span_and_one_that_did_is_continued(
+    no_provider: None,
+) -> None:
+    """The gateway's head sampling decides: flags 00 open no span (not even a non-recording
+    one), flags 01 continue the caller's trace, and a malformed header starts a new one."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observability.install_tracer_provider(provider)
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with TestClient(app()) as c:
+        for flags in ("00", "01"):
+            r = c.get(
+                "/v1/posts/p1/likes", headers={"traceparent": f"00-{trace_id}-{parent}-{flags}"}
+            )
+            assert r.status_code == 200
+        assert c.get("/v1/posts/p2/likes", headers={"traceparent": "00-junk"}).status_code == 200
+        # flags 00: the handler runs outside any span (the SDK would give it a non-recording
+        # one, with the caller's context); 01: inside ours
+        for flags, inside in (("00", False), ("01", True)):
+            h = {"traceparent": f"00-{trace_id}-{parent}-{flags}"}
+            assert c.get("/v1/span", headers=h).json() == {"in_a_span": inside}
+    spans = [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("http.route") == "/v1/posts/{post_id}/likes"
+    ]
+    assert len(spans) == 2, [s.name for s in spans]
+    continued, fresh = spans
+    assert format(continued.context.trace_id, "032x") == trace_id
+    assert continued.parent is not None and format(continued.parent.span_id, "016x") == parent
+    assert format(fresh.context.trace_id, "032x") != trace_id and fresh.parent is None
+
+
+def test_unsampled_reads_only_a_well_formed_traceparent() -> None:
+    tp = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-"
+    assert observability.unsampled([(b"traceparent", tp + b"00")])
+    assert observability.unsampled([(b"traceparent", tp + b"02")])  # only bit 0 is "sampled"
+    assert not observability.unsampled([(b"traceparent", tp + b"01")])
+    assert not observability.unsampled([(b"traceparent", tp + b"zz")])
+    assert not observability.unsampled([(b"traceparent", b"01" + tp[2:] + b"00")])  # version
+    assert not observability.unsampled([(b"host", b"x")])
+    assert not observability.unsampled(None)
