@@ -274,13 +274,17 @@ def _needs_stack(item: pytest.Item) -> bool:
     return "stack" in getattr(item, "fixturenames", ())
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The tests on the session's stack form one xdist group (local/check.sh runs `-n 2 --dist
+    loadgroup`): one worker starts the stack and runs them in order, mostly waiting on the
+    servers, while the other runs the rest meanwhile, a module per group (a module's servers,
+    such as test_gateway's edge, start once and on one worker). Marked here, as each item is
+    collected: xdist reads the groups in its own pytest_collection_modifyitems."""
+    group = "stack" if _needs_stack(item) else item.nodeid.split("::")[0]
+    item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests on the session's stack first, as one xdist group (local/check.sh runs `-n 2
-    --dist loadgroup`): one worker starts the stack and runs them in order, mostly waiting on
-    the servers, while the other runs the rest meanwhile, a module per group (a module's
-    servers, such as test_gateway's edge, start once and on one worker). Tests marked `last`
-    (the stack's teardown check) run after every other test of their group."""
-    for item in items:
-        group = "stack" if _needs_stack(item) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    # the stack's tests first; those marked `last` (the stack's teardown check) after every
+    # other test of their group
     items.sort(key=lambda it: (it.get_closest_marker("last") is not None, not _needs_stack(it)))
