@@ -250,8 +250,8 @@ class EnvoyParams:
     stats_port: int = 9902  # STATS_LISTENER: STATS_PATH only, for Prometheus
     # host:port of the OTel Collector's OTLP/gRPC listener; None: the gateway makes no spans
     otlp_upstream: str | None = None
-    # the share of reads the gateway starts a trace for (a caller's sampled traceparent is
-    # always continued): otel_config.READ_TRACE_PERCENT
+    # the share of reads the gateway traces, whatever the caller's traceparent says:
+    # otel_config.READ_TRACE_PERCENT
     read_trace_percent: float = otel_config.READ_TRACE_PERCENT
     ratelimit_timeout_ms: int = 50
     write_timeout_s: float = 5.0
@@ -272,10 +272,10 @@ class EnvoyParams:
             _host_port(self.otlp_upstream, "otlp_upstream")
         if not 0.0 <= self.mirror_percent <= 100.0:
             raise ValueError(f"mirror_percent: {self.mirror_percent} is not within 0..100")
-        _mirror_fraction(self.mirror_percent)
+        _fraction(self.mirror_percent, "mirror_percent")
         if not 0.0 <= self.read_trace_percent <= 100.0:
             raise ValueError(f"read_trace_percent: {self.read_trace_percent} is not within 0..100")
-        _mirror_fraction(self.read_trace_percent, "read_trace_percent")
+        _fraction(self.read_trace_percent, "read_trace_percent")
         if urlsplit(self.jwks_uri).scheme != "https" or not urlsplit(self.jwks_uri).hostname:
             raise ValueError(f"jwks_uri: {self.jwks_uri!r} is not an https URL")
         for name in ("ratelimit_domain", "jwt_issuer", "tls_secret_name", "user_id_header"):
@@ -290,7 +290,7 @@ def _host_port(value: str, name: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _mirror_fraction(percent: float, name: str = "mirror_percent") -> FractionalPercent:
+def _fraction(percent: float, name: str) -> FractionalPercent:
     """Whole percents stay in HUNDRED (1% reads as 1/100); finer ones need MILLION."""
     if float(percent).is_integer():
         return FractionalPercent(
@@ -457,7 +457,7 @@ def _read_action(params: EnvoyParams, rate_limits: list[RateLimit] | None = None
             RouteActionRequestMirrorPolicy(
                 cluster=SAMPLER_CLUSTER,
                 runtime_fraction=RuntimeFractionalPercent(
-                    default_value=_mirror_fraction(params.mirror_percent),
+                    default_value=_fraction(params.mirror_percent, "mirror_percent"),
                     runtime_key=MIRROR_RUNTIME_KEY,
                 ),
             )
@@ -480,7 +480,7 @@ def _routes(params: EnvoyParams) -> RouteConfiguration:
     )
     # reads are head-sampled: a trace starts for this share of them (otel_config)
     read_tracing = Tracing(
-        random_sampling=_mirror_fraction(params.read_trace_percent, "read_trace_percent")
+        random_sampling=_fraction(params.read_trace_percent, "read_trace_percent")
     )
     read = Route(
         name="post_likes_read",

@@ -148,23 +148,22 @@ class OtelCollector(Component):
         if not self.binary.exists():
             raise MissingBinary(f"{self.binary} is missing: run local/setup.sh")
         return [
-            Server(
-                name=self.TEMPO,
-                argv=[str(self.binary), f"--config={self.tempo_config_path}"],
-                address=f"{HOST}:{self.layout.ports.tempo_grpc}",
-                probe=lambda: http_probe(f"{self.tempo_health_url}/"),
-                start_timeout=30,
-                stop_timeout=10,
-            ),
-            Server(
-                name=self.name,
-                argv=[str(self.binary), f"--config={self.config_path}"],
-                address=f"{HOST}:{self.layout.ports.otel_http}",
-                probe=lambda: http_probe(f"{self.health_url}/"),
-                start_timeout=30,
-                stop_timeout=10,
-            ),
-        ]
+            self._server(self.TEMPO, self.tempo_config_path, self.layout.ports.tempo_grpc,
+                         self.tempo_health_url),
+            self._server(self.name, self.config_path, self.layout.ports.otel_http,
+                         self.health_url),
+        ]  # fmt: skip
+
+    def _server(self, name: str, config: Path, port: int, health_url: str) -> Server:
+        """The collector binary running one config: the sampler, or the Tempo stand-in."""
+        return Server(
+            name=name,
+            argv=[str(self.binary), f"--config={config}"],
+            address=f"{HOST}:{port}",
+            probe=lambda: http_probe(f"{health_url}/"),
+            start_timeout=30,
+            stop_timeout=10,
+        )
 
     def metrics_targets(self) -> list[str]:
         return [f"{HOST}:{self.layout.ports.otel_metrics}"]

@@ -71,23 +71,28 @@ def _prom(stack: Stack, expr: str) -> list[Any]:
     return result
 
 
+def _traced_like(stack: Stack, token: str, post: str, trace_id: str, parent: str) -> None:
+    """A like through the gateway from a caller whose sampled span is `trace_id`/`parent`."""
+    r = httpx.post(
+        f"{stack.gateway_url}{routes.WRITE_PATH}",
+        json={"post_id": post, "action": "like"},
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Idempotency-Key": str(uuid.uuid4()),
+            "traceparent": f"00-{trace_id}-{parent}-01",
+        },
+        timeout=10,
+    )
+    assert r.status_code == 202, r.text
+
+
 def test_a_like_is_one_trace_from_the_gateway_through_write_to_the_aggregators_window(
     stack: Stack,
 ) -> None:
     trace_id = secrets.token_hex(16)
     caller_span = secrets.token_hex(8)
     post = f"traced-{uuid.uuid4().hex[:8]}"
-    r = httpx.post(
-        f"{stack.gateway_url}{routes.WRITE_PATH}",
-        json={"post_id": post, "action": "like"},
-        headers={
-            "Authorization": f"Bearer {stack.token('tracer')}",
-            "Idempotency-Key": str(uuid.uuid4()),
-            "traceparent": f"00-{trace_id}-{caller_span}-01",
-        },
-        timeout=10,
-    )
-    assert r.status_code == 202, r.text
+    _traced_like(stack, stack.token("tracer"), post, trace_id, caller_span)
 
     def traced() -> dict[str, Any] | None:
         spans = list(_spans(_trace_files(stack)))
@@ -140,17 +145,7 @@ def test_a_callers_sampled_traceparent_cannot_force_a_read_trace(stack: Stack) -
         )
         assert r.status_code == 200, r.text
     control = secrets.token_hex(16)
-    r = httpx.post(
-        f"{stack.gateway_url}{routes.WRITE_PATH}",
-        json={"post_id": "head-sampled", "action": "like"},
-        headers={
-            "Authorization": f"Bearer {token}",
-            "Idempotency-Key": str(uuid.uuid4()),
-            "traceparent": f"00-{control}-{secrets.token_hex(8)}-01",
-        },
-        timeout=10,
-    )
-    assert r.status_code == 202, r.text
+    _traced_like(stack, token, "head-sampled", control, secrets.token_hex(8))
 
     def write_traced() -> set[str] | None:
         ids = {s["traceId"] for s in _spans(_trace_files(stack))}
