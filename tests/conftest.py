@@ -7,6 +7,7 @@ test stack instead of wiping it (quick iterations; CI never sets it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -282,6 +283,25 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     collected: xdist reads the groups in its own pytest_collection_modifyitems."""
     group = "stack" if _needs_stack(item) else item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))
+
+
+# how far the tests that need no stack step back on the CPU while the stack's tests run beside
+# them on the other xdist worker: the stack group is the run's critical path, and its start-up and
+# CPU-bound tests slowed by half when promtool and the Pulumi mocks took a core from them.
+# Niceness is inherited, so the servers a module starts (test_gateway's edge) step back too.
+NO_STACK_NICENESS = 10
+
+
+def _step_back(niceness: int) -> None:
+    # only root lowers it again; the stack's group runs first anyway
+    with contextlib.suppress(PermissionError):
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _step_back(0 if _needs_stack(item) else NO_STACK_NICENESS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import NO_STACK_NICENESS
+
 TESTS = """
 import os
 import pytest
@@ -38,3 +42,16 @@ def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     workers = {(tmp_path / f"ran-{i}").read_text() for i in range(8)}
     assert len(workers) == 1, f"the group ran on {sorted(workers)}"
+
+
+def test_a_test_without_the_stack_steps_back_on_the_cpu() -> None:
+    """Under the test command's workers, a test that needs no stack runs niced (tests/conftest.py),
+    so the stack's tests on the other worker, the run's critical path, keep their core."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("one process (LIKES_TEST_WORKERS=0): no stack tests run beside this one")
+    assert os.getpriority(os.PRIO_PROCESS, 0) == NO_STACK_NICENESS
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert int(child.stdout) == NO_STACK_NICENESS  # the servers a module starts inherit it
