@@ -17,7 +17,6 @@ from services.consumer_lag.core import LagReader, PartitionLag
 from services.consumer_lag.metrics import LAG_MESSAGES, LAG_SECONDS, READS
 from services.consumer_lag.settings import LagSettings
 from services.contracts import clients, workloads
-from services.contracts import kafka as kafka_contract
 
 REBUILD_AFTER = 3  # consecutive failed reads before the Kafka clients are recreated
 
@@ -39,16 +38,18 @@ def main() -> None:
     log = observability.setup_logging(workloads.CONSUMER_LAG.name, settings.log_level)
     conf = clients.kafka_config(settings, logger=logging.getLogger("kafka.admin"))
 
-    def new_reader() -> LagReader:
-        consumer = Consumer(
+    def consumer(group_id: str) -> Consumer:
+        return Consumer(
             {
                 **conf,
-                "group.id": kafka_contract.LAG_READER_GROUP,
+                "group.id": group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": True,  # an offset at the log end answers at once
             }
         )
+
+    def new_reader() -> LagReader:
         return LagReader(
             AdminClient(conf), consumer, settings.groups, settings.topics, settings.lag_timeout_s
         )

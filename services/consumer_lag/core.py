@@ -13,14 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import (
-    OFFSET_INVALID,
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from services.contracts import kafka as kafka_contract
 
 Key = tuple[str, int]  # topic, partition
 
@@ -51,22 +47,30 @@ class LagError(Exception):
 
 
 class LagReader:
-    """One read of every watched group's lag. `consumer` only fetches (assign, never
-    subscribe, never commit): the timestamp of the message each lagging group would read next.
-    Those timestamps are cached by offset (a message's timestamp never changes), so a group
-    stuck on one offset costs no fetch after the first."""
+    """One read of every watched group's lag. `consumer(group_id)` makes the consumers, none of
+    which ever subscribes or commits: one in LAG_READER_GROUP fetches the timestamp of the
+    message each lagging group would read next (cached by offset: a message's timestamp never
+    changes, so a group stuck on one offset costs no fetch after the first); one in each watched
+    group reads that group's committed offsets.
+
+    Committed offsets are read by a consumer of the group, not the admin client's
+    list_consumer_group_offsets: librdkafka 2.16's admin client dereferences a null group handle
+    when the broker answers that call NOT_COORDINATOR (as after a coordinator move; dmesg showed
+    "segfault at 58" in rdk:main, confluent-kafka-javascript#374 has the backtrace), which killed
+    the exporter. A consumer's own group handle looks the coordinator up again."""
 
     def __init__(
         self,
         admin: AdminClient,
-        consumer: Consumer,
+        consumer: Callable[[str], Consumer],
         groups: Sequence[str],
         topics: Sequence[str],
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._admin = admin
-        self._consumer = consumer
+        self._consumer = consumer(kafka_contract.LAG_READER_GROUP)
+        self._group_consumers = {g: consumer(g) for g in groups}
         self.groups = tuple(groups)
         self.topics = tuple(topics)
         self._timeout = timeout_s
@@ -96,14 +100,14 @@ class LagReader:
         return out
 
     def _committed(self, group: str, keys: list[Key]) -> dict[Key, int]:
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in keys])
-        futures = self._admin.list_consumer_group_offsets([request], request_timeout=self._timeout)
         try:
-            result = futures[group].result(timeout=self._timeout)
+            result = self._group_consumers[group].committed(
+                [TopicPartition(t, p) for t, p in keys], timeout=self._timeout
+            )
         except Exception as e:
             raise LagError(f"committed offsets of {group}: {e!r}") from e
         out = {}
-        for tp in result.topic_partitions:
+        for tp in result:
             if tp.error is not None:
                 raise LagError(f"committed offset of {group} {tp.topic}/{tp.partition}: {tp.error}")
             out[(tp.topic, tp.partition)] = -1 if tp.offset == OFFSET_INVALID else tp.offset
@@ -146,7 +150,8 @@ class LagReader:
             raise LagError(f"no message fetched from {sorted(pending)} in {self._timeout} s")
 
     def close(self) -> None:
-        self._consumer.close()
+        for c in (self._consumer, *self._group_consumers.values()):
+            c.close()
 
     def read(self) -> list[PartitionLag]:
         keys = self.partitions()

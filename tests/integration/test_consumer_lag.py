@@ -53,8 +53,11 @@ def _commit(stack: Stack, group: str, topic: str, offset: int) -> None:
 
 def _reader(stack: Stack, groups: list[str], topic: str, now: float) -> LagReader:
     conf = stack.kafka_config()
-    consumer = Consumer({**conf, "group.id": kafka_contract.LAG_READER_GROUP,
-                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+
+    def consumer(group_id: str) -> Consumer:
+        return Consumer({**conf, "group.id": group_id, "enable.auto.commit": False,
+                         "enable.partition.eof": True})  # fmt: skip
+
     return LagReader(AdminClient(conf), consumer, groups, [topic], 10.0, clock=lambda: now)
 
 
