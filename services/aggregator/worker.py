@@ -152,6 +152,11 @@ class Aggregator:
         self.unsynced_likers: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.clock = clock
         self._held_retried_at = 0.0
+        # positions of flushed windows whose offset commit failed: committed with the next
+        # window, or alone once a window passes without one (a partition that went quiet after
+        # a failed commit would otherwise show its lag, and replay, for as long as it is quiet)
+        self.uncommitted: dict[TP, int] = {}
+        self._commit_retried_at = 0.0
         # what each recent window wrote to the count-cache, to re-drive after a failover
         self.recent: deque[tuple[float, frozenset[str], frozenset[tuple[str, str]]]] = deque()
         self._epoch: int | None = None
@@ -199,6 +204,11 @@ class Aggregator:
             self._flush_with_retry(self.windower.take())
         elif self.unsynced_posts or self.unsynced_likers or self.recheck:
             self._retry_held()
+        if (
+            self.uncommitted
+            and self.clock() - self._commit_retried_at >= self.s.agg_window_ms / 1000
+        ):
+            self._commit_positions({})
 
     def _watch_failover(self) -> None:
         now = self.clock()
@@ -685,14 +695,25 @@ class Aggregator:
             log.warning("CDN purge failed", extra={"fields": {"error": str(e)}})
 
     def _commit(self, w: Window) -> None:
-        offsets = [KTP(t, p, off) for (t, p), off in w.positions.items() if (t, p) in self.parts]
-        if not offsets:
+        self._commit_positions(w.positions)
+
+    def _commit_positions(self, positions: dict[TP, int]) -> None:
+        """Commit `positions` with those a failed commit left (a window's newer position wins);
+        the partitions this worker no longer owns are the new owner's to commit."""
+        self._commit_retried_at = self.clock()
+        pending = {tp: off for tp, off in {**self.uncommitted, **positions}.items()
+                   if tp in self.parts}  # fmt: skip
+        self.uncommitted = {}
+        if not pending:
             return
         try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as e:  # e.g. a rebalance took the partitions: the owner replays
+            self.consumer.commit(
+                offsets=[KTP(t, p, off) for (t, p), off in pending.items()], asynchronous=False
+            )
+        except KafkaException as e:  # the coordinator refused or moved: the next turn retries
             metrics.COMMIT_FAILURES.inc()
             log.warning("offset commit failed", extra={"fields": {"error": str(e)}})
+            self.uncommitted = pending
 
     # -- health -------------------------------------------------------------------------------
     def ready(self) -> dict[str, bool]:
