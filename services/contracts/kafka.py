@@ -24,6 +24,7 @@ SERVICE_USER = "likes"  # every workload (write, relay, aggregator, recount)
 REGISTRY_USER = "schema-registry"  # the registry's own store (the `_schemas` topic)
 REGISTRY_TOPIC = "_schemas"
 REGISTRY_GROUP = "schema-registry"
+OFFSETS_TOPIC = "__consumer_offsets"  # Kafka's own: where the groups' offset commits go
 # Kubernetes Secrets (played locally by the stack's secrets file), key PASSWORD_KEY in each
 AUTH_SECRET = "kafka-auth"  # SERVICE_USER's: the workloads' namespace and the data one
 REGISTRY_SECRET = "kafka-registry-auth"  # REGISTRY_USER's: the data namespace only

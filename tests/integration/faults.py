@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,6 +13,13 @@ from contextlib import contextmanager
 
 import httpx
 from confluent_kafka import Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.contracts import clients, events, keys
@@ -45,6 +54,30 @@ def produce_poison(stack: Stack, n: int = 1) -> None:
         if i % 1000 == 999:
             p.flush(30)
     assert p.flush(30) == 0
+
+
+@contextmanager
+def records_refused(stack: Stack, *topics: str) -> Iterator[None]:
+    """The brokers refuse every record written to `topics` until the block ends: the topics'
+    max.message.bytes is set below the size of any record batch, so a producer's send fails
+    with MSG_SIZE_TOO_LARGE and, on __consumer_offsets, a group's offset commit with
+    INVALID_COMMIT_OFFSET_SIZE. What clients see is a topic no one can write to, as when too few
+    replicas are in sync, but only on these topics: reads and every other topic go on."""
+    admin = AdminClient(stack.kafka_config())
+
+    def alter(op: AlterConfigOpType) -> None:
+        entry = ConfigEntry("max.message.bytes", "1", incremental_operation=op)
+        resources = [
+            ConfigResource(ResourceType.TOPIC, t, incremental_configs=[entry]) for t in topics
+        ]
+        for done in admin.incremental_alter_configs(resources).values():
+            done.result(30)
+
+    alter(AlterConfigOpType.SET)
+    try:
+        yield
+    finally:
+        alter(AlterConfigOpType.DELETE)
 
 
 def set_sink_outage(stack: Stack, receiver: str, status: int | None) -> None:
@@ -95,3 +128,27 @@ def hung_main_thread(pid: int, answers: Callable[[], bool], attempts: int = 5) -
         yield
     finally:
         _ptrace(_PTRACE_DETACH, pid)
+
+
+@contextmanager
+def stop_the_world_pauses(pid: int, pause_s: float = 0.3, run_s: float = 0.1) -> Iterator[None]:
+    """The process stops for `pause_s` out of every `pause_s + run_s` (SIGSTOP, SIGCONT): long
+    stop-the-world garbage-collection pauses of a JVM, as the seed's "Cassandra slow" has them.
+    Calls still complete, within their timeouts, but late; no breaker opens on them."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(pause_s)
+            os.kill(pid, signal.SIGCONT)
+            done.wait(run_s)
+
+    t = threading.Thread(target=cycle, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(timeout=10)
+        os.kill(pid, signal.SIGCONT)

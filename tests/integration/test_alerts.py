@@ -28,7 +28,8 @@ from local.components import gateway as gateway_local
 from local.components.observability import OtelCollector
 from services.canary import __main__ as canary_main
 from services.canary.settings import CanarySettings
-from services.contracts import clients, keys, routes, workloads
+from services.contracts import clients, events, keys, routes, workloads
+from services.contracts import kafka as kafka_contract
 from services.contracts import metrics as metric_names
 from tests.conftest import Stack
 from tests.integration import faults
@@ -335,12 +336,17 @@ class _Traffic(threading.Thread):
                 self.stop.wait(0.2)
 
 
-def test_a_paused_cassandra_fires_each_alert_it_implies_and_all_resolve(stack: Stack) -> None:
-    """One fault, six alerts: with the counter-store, edge-store and cells paused (hung, not
-    refusing), the aggregator's flushes fail, the read breaker opens, reads of posts the
-    count-cache lacks answer null (degraded: the read SLI's own term), writes fail closed after
-    waiting out the edge-store's timeout (slow and failed), and the canary's turns fail."""
+def test_a_slow_then_paused_cassandra_fires_each_alert_it_implies_and_all_resolve(
+    stack: Stack,
+) -> None:
+    """First slow: stop-the-world pauses (faults.stop_the_world_pauses) make the reads of posts
+    the count-cache lacks late but answered, too many of them over the read latency objective.
+    Then paused whole (hung, not refusing), six alerts: the aggregator's flushes fail, the read
+    breaker opens, reads of posts the count-cache lacks answer null (degraded: the read SLI's
+    own term), writes fail closed after waiting out the edge-store's timeout (slow and failed),
+    and the canary's turns fail."""
     slos = {s.name: s for s in alert_rules.default_slos()}
+    slow_reads = _named(alert_rules.alert_name(slos["read-latency"]), long_window="1h")
     expected: dict[str, Match] = {
         alert_rules.AGGREGATOR_FLUSH_FAILING: _named(alert_rules.AGGREGATOR_FLUSH_FAILING),
         alert_rules.READ_BREAKER_OPEN: _named(
@@ -357,7 +363,7 @@ def test_a_paused_cassandra_fires_each_alert_it_implies_and_all_resolve(stack: S
         ),
         alert_rules.CANARY_FAILING: _named(alert_rules.CANARY_FAILING, reason="errors"),
     }
-    for what, match in expected.items():
+    for what, match in {**expected, "the read latency burn": slow_reads}.items():
         _quiet(stack, what, match)
     stop = threading.Event()
     traffic = _Traffic(stack, stop)
@@ -365,6 +371,10 @@ def test_a_paused_cassandra_fires_each_alert_it_implies_and_all_resolve(stack: S
     pid = int(stack.status()["cassandra"]["pid"])
     fired: dict[str, dict[str, Any]] = {}
     injected = time.time()
+    with faults.stop_the_world_pauses(pid):
+        slow = _wait(stack, "the read latency burn", slow_reads, "firing", 240)
+        assert _at(slow["started_at"]) > injected, slow
+        assert slow["runbook_url"] == "runbooks/read-latency.md"
     os.kill(pid, signal.SIGSTOP)
     try:
         produce_like(stack)  # a window for the aggregator to flush into the paused store
@@ -384,6 +394,10 @@ def test_a_paused_cassandra_fires_each_alert_it_implies_and_all_resolve(stack: S
         for what, match in expected.items():
             done = _wait(stack, what, _after(match, resumed), "resolved", 300)
             _timing(what, fired[what]["started_at"], injected, done["ended_at"], resumed)
+        # fast answers (the breaker's nulls, then the store's) resolved the latency page,
+        # maybe while the store was still paused
+        done = _wait(stack, "the read latency burn", _after(slow_reads, injected), "resolved", 300)
+        _timing("the read latency burn", slow["started_at"], injected, done["ended_at"], resumed)
     finally:
         stop.set()
         traffic.join(timeout=30)
@@ -552,3 +566,65 @@ def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack
         stop.set()
         writer.join(timeout=10)
     assert _query(stack, f"sum(increase({metric_names.CANARY_FLICKERS}[10m]))") > 0
+
+
+def test_topics_that_refuse_writes_fire_the_dead_letter_commit_and_outbox_alerts(
+    stack: Stack,
+) -> None:
+    """Kafka refuses writes to the dead-letter topic and to the group offsets (the brokers
+    refuse every record there: faults.records_refused): a poison message is skipped with its
+    dead letter refused (log-and-advance) and the aggregator's offset commit fails. Then
+    likes.committed refuses too: the like a user sends meanwhile is a 202 that waits in the
+    outbox, older than the relay's drain budget, and is counted once Kafka takes it again."""
+    dlq = _named(alert_rules.DEAD_LETTER_UNAVAILABLE)
+    commit = _named(alert_rules.AGGREGATOR_COMMIT_FAILING)
+    stale = _named(alert_rules.OUTBOX_EVENTS_STALE)
+    for what, match in (("DLQ", dlq), ("commit", commit), ("outbox", stale)):
+        _quiet(stack, what, match)
+    post = f"post-{uuid.uuid4()}"
+    injected = time.time()
+    with faults.records_refused(stack, events.DEAD_LETTER, kafka_contract.OFFSETS_TOPIC):
+        faults.produce_poison(stack)
+        # the rate windows of these two hold a single failure for a (scaled) hour: wait for
+        # both before the outbox's slower alert, or they could fire and resolve unseen
+        fired = {
+            what: _wait(stack, what, match, "firing", 180)
+            for what, match in (("DeadLetterUnavailable", dlq), ("AggregatorCommitFailing", commit))
+        }
+        with faults.records_refused(stack, events.COMMITTED):
+            r = httpx.post(
+                f"{stack.gateway_url}{routes.WRITE_PATH}",
+                json={"post_id": post, "action": "like"},
+                headers={"authorization": f"Bearer {stack.token(f'u-{uuid.uuid4().hex[:8]}')}",
+                         "idempotency-key": str(uuid.uuid4())},
+                timeout=30,
+            )  # fmt: skip
+            assert r.status_code == 202, r.text
+            fired["OutboxEventsStale"] = _wait(stack, "OutboxEventsStale", stale, "firing", 240)
+    undone = time.time()
+    for what, alert in fired.items():
+        assert _at(alert["started_at"]) > injected, (what, alert)
+    assert fired["OutboxEventsStale"]["runbook_url"] == "runbooks/outbox-events-stale.md"
+    assert fired["DeadLetterUnavailable"]["runbook_url"] == "runbooks/dead-letter-unavailable.md"
+    # nothing accepted is lost: the like that waited in the outbox is counted
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{stack.gateway_url}{routes.read_path(post)}", timeout=5).json()["count"] != 1:
+        assert time.monotonic() < deadline, "the like accepted during the fault was never counted"
+        time.sleep(2)
+    # the aggregator retries its failed commit until the offsets topic takes it again; the dead
+    # letter was one send, refused: that page resolves once the send leaves its window, whether
+    # or not the topic took writes again by then
+    for what, match, since in (
+        ("OutboxEventsStale", stale, undone),
+        ("AggregatorCommitFailing", commit, undone),
+        ("DeadLetterUnavailable", dlq, _at(fired["DeadLetterUnavailable"]["started_at"])),
+    ):
+        done = _wait(stack, what, _after(match, since), "resolved", 240)
+        _timing(what, fired[what]["started_at"], injected, done["ended_at"], undone)
+    # and the partition the poison was on is not left lagging: its position was committed
+    deadline = time.monotonic() + 120
+    while _query(stack, f"max({metric_names.CONSUMER_LAG_SECONDS}) or vector(0)") > 30:
+        assert time.monotonic() < deadline, "a partition lags on after the commits came back"
+        time.sleep(3)
+    time.sleep(15)  # a hold: a lag that only dipped would be growing again
+    assert _query(stack, f"max({metric_names.CONSUMER_LAG_SECONDS})") <= 30
