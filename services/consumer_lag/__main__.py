@@ -9,11 +9,10 @@ import signal
 import threading
 import time
 
-from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from services.common import heap, observability, worker_http
-from services.consumer_lag.core import LagReader, PartitionLag
+from services.consumer_lag.core import LagReader, PartitionLag, consumer_factory
 from services.consumer_lag.metrics import LAG_MESSAGES, LAG_SECONDS, READS
 from services.consumer_lag.settings import LagSettings
 from services.contracts import clients, workloads
@@ -38,21 +37,11 @@ def main() -> None:
     log = observability.setup_logging(workloads.CONSUMER_LAG.name, settings.log_level)
     conf = clients.kafka_config(settings, logger=logging.getLogger("kafka.admin"))
 
-    def consumer(group_id: str) -> Consumer:
-        return Consumer(
-            {
-                **conf,
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "enable.partition.eof": True,  # an offset at the log end answers at once
-            }
-        )
-
     def new_reader() -> LagReader:
         return LagReader(
-            AdminClient(conf), consumer, settings.groups, settings.topics, settings.lag_timeout_s
-        )
+            AdminClient(conf), consumer_factory(conf), settings.groups, settings.topics,
+            settings.lag_timeout_s,
+        )  # fmt: skip
 
     reader = new_reader()
     failures = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -44,6 +45,23 @@ class PartitionLag:
 
 class LagError(Exception):
     """Kafka did not answer one of the reads; nothing is exported from a partial read."""
+
+
+def consumer_factory(conf: dict[str, Any]) -> Callable[[str], Consumer]:
+    """The LagReader's consumers, from a client config: none subscribes or commits."""
+
+    def consumer(group_id: str) -> Consumer:
+        return Consumer(
+            {
+                **conf,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,  # an offset at the log end answers at once
+            }
+        )
+
+    return consumer
 
 
 class LagReader:

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.consumer_lag.core import LagReader
+from services.consumer_lag.core import LagReader, consumer_factory
 from services.contracts import events, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts import metrics as names
@@ -53,12 +53,9 @@ def _commit(stack: Stack, group: str, topic: str, offset: int) -> None:
 
 def _reader(stack: Stack, groups: list[str], topic: str, now: float) -> LagReader:
     conf = stack.kafka_config()
-
-    def consumer(group_id: str) -> Consumer:
-        return Consumer({**conf, "group.id": group_id, "enable.auto.commit": False,
-                         "enable.partition.eof": True})  # fmt: skip
-
-    return LagReader(AdminClient(conf), consumer, groups, [topic], 10.0, clock=lambda: now)
+    return LagReader(
+        AdminClient(conf), consumer_factory(conf), groups, [topic], 10.0, clock=lambda: now
+    )
 
 
 def test_lag_is_the_age_of_the_next_unconsumed_message_per_group_and_partition(
