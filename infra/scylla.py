@@ -27,10 +27,9 @@ from infra import k8s as kx
 from infra import tls as tls_infra
 from services.contracts import tls
 from services.contracts.settings import Settings
-from services.schema import cql_roles, migrate
+from services.schema import cql_apply, cql_roles, migrate
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CQL_DIR = REPO_ROOT / "services" / "schema" / "cql"
+CQL_DIR = cql_apply.CQL_DIR
 CQL_MOUNT = "/schema/cql"
 CQL_PORT = 9042  # the native protocol port clients connect to
 SCYLLA_APP = "scylla"  # the app.kubernetes.io/name the Scylla Operator gives member pods

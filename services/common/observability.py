@@ -137,6 +137,67 @@ def http_trace_headers() -> dict[str, str]:
     return {k: v.decode() for k, v in trace_headers() or () if isinstance(v, bytes)}
 
 
+def traceparent() -> str | None:
+    """The current span's W3C traceparent (None while tracing is off or outside a span): what
+    an outbox row keeps so the event's later publish carries the trace of the write."""
+    for k, v in trace_headers() or ():
+        if k == "traceparent" and isinstance(v, bytes):
+            return v.decode()
+    return None
+
+
+def continued_hop(
+    name: str, parent: str | None, attributes: dict[str, str]
+) -> tuple[Any, list[tuple[str, str | bytes | None]] | None]:
+    """A PRODUCER span continuing the trace `parent` (a stored traceparent) and the Kafka
+    headers to send with the message: the span's context while tracing, else `parent` as it
+    is, so the consumer still links to the request that made the event. (None, None) without
+    a parent. The caller ends the span (end_hop) when the broker answers."""
+    if parent is None:
+        return None, None
+    if not _tracing:
+        return None, [("traceparent", parent.encode())]
+    from opentelemetry import trace
+
+    ctx = context_from([("traceparent", parent)])
+    span = trace.get_tracer(__name__).start_span(
+        name, context=ctx, kind=trace.SpanKind.PRODUCER, attributes=attributes
+    )
+    with trace.use_span(span, end_on_exit=False):
+        return span, trace_headers()
+
+
+def end_hop(span: Any, error: BaseException | None) -> None:
+    """End a continued_hop span, marked as failed when the publish was."""
+    if span is None:
+        return
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+    span.end()
+
+
+def record_span(
+    name: str, start_ns: int, attributes: dict[str, Any], error: BaseException | str | None = None
+) -> None:
+    """A span for work already done, from `start_ns` (time.time_ns()) to now: for a loop whose
+    passes are worth a span only once they turned out to do something (nothing while tracing is
+    off). `error` marks it failed, which the tail samplers always keep."""
+    if not _tracing:
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import Status, StatusCode
+
+    span = trace.get_tracer(__name__).start_span(name, start_time=start_ns, attributes=attributes)
+    if isinstance(error, BaseException):
+        span.record_exception(error)
+    if error is not None:
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+    span.end()
+
+
 def trace_headers() -> list[tuple[str, str | bytes | None]] | None:
     """The current span's context as Kafka headers (None while tracing is off or outside a
     span): the consumer links its work to the request that produced the event."""

@@ -23,6 +23,7 @@ from cassandra.query import ConsistencyLevel
 from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import Counter, Gauge
 
+from services.common import observability
 from services.contracts import convergence, events, workloads
 from services.contracts import metrics as names
 from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED
@@ -56,6 +57,7 @@ BUCKET_S = 60  # a marker's bucket is its created_at in epoch minutes (002_table
 # still put a marker into it (review D11: a lagging writer wrote into passed buckets, never read)
 TRAILING_BUCKETS = 1 + math.ceil(convergence.MAX_CLOCK_SKEW_S / BUCKET_S)
 DEAD_LETTER_SOURCE = "outbox"  # dlq.source of the relay's dead letters
+RELAY_PUBLISH_SPAN = "outbox publish"  # a republished event's span, in its write's trace
 
 
 @dataclass
@@ -131,11 +133,11 @@ class OutboxRelay:
             "WHERE bucket = ? AND shard = ? LIMIT ?"
         )
         self.q_row = p(
-            "SELECT topic, payload, published, kafka_key, intent_uuid FROM edges "
+            "SELECT topic, payload, published, kafka_key, intent_uuid, traceparent FROM edges "
             "WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
         )
         self.q_row_serial = p(
-            "SELECT topic, payload, published, kafka_key, intent_uuid FROM edges "
+            "SELECT topic, payload, published, kafka_key, intent_uuid, traceparent FROM edges "
             "WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
         )
         self.q_row_serial.consistency_level = ConsistencyLevel.LOCAL_SERIAL
@@ -237,7 +239,7 @@ class OutboxRelay:
                 fut: Future[None] = Future()
                 fut.set_exception(ValueError("outbox row without topic, key or payload"))
             else:
-                fut = self.publisher.publish(row.topic, row.kafka_key, row.payload)
+                fut = self._publish(row, m.event_id)
             inflight.append((fut, m, row))
         for fut, m, row in inflight:
             try:
@@ -256,6 +258,19 @@ class OutboxRelay:
             res.published_ids.append(str(m.event_id))
             self._cleanup(m, bucket, shard)
         return not markers, oldest
+
+    def _publish(self, row: Any, event_id: uuid.UUID) -> Future[None]:
+        """Publish an outbox row as its writer would have, in the writer's trace: a span of the
+        relay's, child of the write request's, whose context the message carries."""
+        span, headers = observability.continued_hop(
+            RELAY_PUBLISH_SPAN,
+            row.traceparent,
+            {"messaging.destination.name": row.topic, "likes.event_id": str(event_id)},
+        )
+        fut = self.publisher.publish(row.topic, row.kafka_key, row.payload, headers=headers)
+        if span is not None:
+            fut.add_done_callback(lambda f: observability.end_hop(span, f.exception()))
+        return fut
 
     def _failed(
         self, m: Any, row: Any, bucket: int, shard: int, age_s: float, e: BaseException
@@ -295,6 +310,8 @@ class OutboxRelay:
         ]
         if row.intent_uuid is not None:
             hs.append(("dlq.intent_uuid", str(row.intent_uuid).encode()))
+        if row.traceparent is not None:  # a replay continues the write's trace
+            hs.append(("traceparent", row.traceparent.encode()))
         key = row.kafka_key or str(m.user_id)
         reference: list[tuple[str, str | bytes | None]] = [("dlq.reference", b"1")]
         for value, extra in ((row.payload, []), (None, reference)):

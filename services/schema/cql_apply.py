@@ -2,7 +2,10 @@
 
 Shared by the local stack's bootstrap (replication {<dc>: 1}) and production's migration job
 (RF 3 in every region's DC): the keyspace file carries a `{{replication}}` placeholder instead of a
-hard-coded strategy. Every statement must be `IF NOT EXISTS`, so a rerun changes nothing.
+hard-coded strategy. Every statement must be `IF NOT EXISTS`, so a rerun changes nothing. A column
+added to an existing table is written `ALTER TABLE ks.t ADD IF NOT EXISTS col type` (Cassandra 4.1+
+syntax) and run as a look-up in system_schema.columns then a plain `ADD`: the form every Cassandra
+and Scylla accepts.
 """
 
 from __future__ import annotations
@@ -10,12 +13,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 CQL_DIR = Path(__file__).resolve().parent / "cql"
 PLACEHOLDER = "{{replication}}"
 _UNFILLED = re.compile(r"\{\{\s*\w+\s*\}\}")
 _DC_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_ADD_COLUMN = re.compile(
+    r"^ALTER\s+TABLE\s+(\w+)\.(\w+)\s+ADD\s+IF\s+NOT\s+EXISTS\s+(\w+)\s+(.+)$",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 class SchemaError(Exception):
@@ -24,7 +31,7 @@ class SchemaError(Exception):
 
 class _Session(Protocol):
     # The one cassandra.cluster.Session method used: keeps this module free of a driver import.
-    def execute(self, query: str, *args: object, **kwargs: object) -> object: ...
+    def execute(self, query: str, *args: object, **kwargs: object) -> Any: ...
 
 
 def replication_map(replication: Mapping[str, int]) -> str:
@@ -81,15 +88,30 @@ def statements(replication: Mapping[str, int], directory: Path = CQL_DIR) -> lis
             stmt = stmt.replace(PLACEHOLDER, repl)
             if m := _UNFILLED.search(stmt):
                 raise SchemaError(f"{path.name}: unknown placeholder {m.group(0)}")
-            if "IF NOT EXISTS" not in stmt.upper():
+            upper = stmt.upper()
+            if "IF NOT EXISTS" not in upper or (
+                upper.startswith("ALTER") and not _ADD_COLUMN.match(stmt)
+            ):
                 raise SchemaError(f"{path.name}: not idempotent (no IF NOT EXISTS): {stmt[:80]}")
             result.append(stmt)
     return result
 
 
 def apply(session: _Session, replication: dict[str, int], directory: Path = CQL_DIR) -> list[str]:
-    """Run every statement (the driver waits for schema agreement after each DDL); return them."""
-    applied = statements(replication, directory)
-    for stmt in applied:
+    """Run every statement (the driver waits for schema agreement after each DDL); return the
+    ones sent, as sent (a column that exists already is not added again)."""
+    sent: list[str] = []
+    for stmt in statements(replication, directory):
+        if m := _ADD_COLUMN.match(stmt):
+            keyspace, table, column, type_ = m.groups()
+            exists = session.execute(
+                "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s "
+                "AND table_name = %s AND column_name = %s",
+                (keyspace.lower(), table.lower(), column.lower()),
+            )
+            if exists.one() is not None:
+                continue
+            stmt = f"ALTER TABLE {keyspace}.{table} ADD {column} {type_.strip()}"
         session.execute(stmt)
-    return applied
+        sent.append(stmt)
+    return sent

@@ -138,7 +138,8 @@ class Statements:
         )
         self.outbox = p(
             "INSERT INTO edges (user_id, kind, ref, post_id, topic, kafka_key, payload, "
-            "created_at, published, intent_uuid) VALUES (?, 'outbox', ?, ?, ?, ?, ?, ?, false, ?)"
+            "created_at, published, intent_uuid, traceparent) "
+            "VALUES (?, 'outbox', ?, ?, ?, ?, ?, ?, false, ?, ?)"
         )
         self.edge_state = p(
             "SELECT state FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
@@ -269,8 +270,10 @@ class LikeWriter:
         # stored one. A like of an already-liked edge is a no-op whatever its reaction: to
         # change a reaction, unlike then like (each one event, each counted once).
         reaction = self._stored_reaction(it) if it.action == "unlike" else it.reaction
+        # the outbox row keeps the request's trace: a relay that publishes it later continues it
+        trace = observability.traceparent()
         for _ in range(3):
-            rows, event, payload, bucket, oshard, now = self._commit(it, shard, reaction)
+            rows, event, payload, bucket, oshard, now = self._commit(it, shard, reaction, trace)
             if rows and rows[0].applied:
                 break
             edge = next((r for r in rows if getattr(r, "kind", None) == "edge"), None)
@@ -329,7 +332,7 @@ class LikeWriter:
         return row.reaction if row is not None else it.reaction
 
     def _commit(
-        self, it: Intent, shard: int, reaction: str | None
+        self, it: Intent, shard: int, reaction: str | None, trace: str | None
     ) -> tuple[list[Any], events.LikeEvent, bytes, int, int, datetime]:
         """2. The event, its marker, and the conditional batch (intent + edge + outbox row)."""
         delta = 1 if it.action == "like" else -1
@@ -389,6 +392,7 @@ class LikeWriter:
                     payload,
                     now,
                     intent_id,
+                    trace,
                 ),
             )
             rows = list(self.session.execute(batch))

@@ -74,6 +74,8 @@ def records_refused(stack: Stack, *topics: str) -> Iterator[None]:
             done.result(30)
 
     alter(AlterConfigOpType.SET)
+    # the controller accepted it; each broker applies it from the metadata log a moment later
+    time.sleep(1)
     try:
         yield
     finally:

@@ -30,7 +30,7 @@ from local.components import cassandra
 from local.components import kafka as kafka_component
 from services.contracts import clients, etcd, events, keys, registry
 from services.contracts import kafka as kafka_contract
-from services.schema import cql_roles, etcd_auth
+from services.schema import cql_apply, cql_roles, etcd_auth
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -330,6 +330,44 @@ def test_cassandra_requires_the_services_login_and_confines_it_to_the_platform_k
             session.execute("SELECT * FROM system_auth.roles")
     finally:
         cluster.shutdown()
+
+
+def test_the_cql_applier_adds_a_column_once_to_a_table_that_exists(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A column added to a live table (003_trace_context.cql) is written `ADD IF NOT EXISTS`,
+    which Scylla may not parse: the applier looks the column up and sends a plain ADD, once."""
+    layout = stack.layout
+    admin = (cql_roles.ADMIN_ROLE, cassandra.admin_password(layout))
+    cluster, session = cassandra.connect(
+        stack.host, stack.cassandra_port, 30.0, admin, stack.cassandra_ssl
+    )
+    ks = f"applier_{uuid.uuid4().hex[:8]}"
+    (tmp_path / "001.cql").write_text(
+        f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {cql_apply.PLACEHOLDER};\n"
+        f"CREATE TABLE IF NOT EXISTS {ks}.t (k int PRIMARY KEY);\n"
+    )
+    (tmp_path / "002.cql").write_text(f"ALTER TABLE {ks}.t ADD IF NOT EXISTS c ascii;\n")
+    dc = session.execute("SELECT data_center FROM system.local").one().data_center
+    try:
+        first = cql_apply.apply(session, {dc: 1}, tmp_path)
+        second = cql_apply.apply(session, {dc: 1}, tmp_path)
+        columns = session.execute(
+            "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s "
+            "AND table_name = 't'",
+            (ks,),
+        )
+        assert sorted(r.column_name for r in columns) == ["c", "k"]
+        edges = session.execute(
+            "SELECT type FROM system_schema.columns WHERE keyspace_name = 'likes' "
+            "AND table_name = 'edges' AND column_name = 'traceparent'"
+        ).one()
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {ks}")
+        cluster.shutdown()
+    assert first[-1] == f"ALTER TABLE {ks}.t ADD c ascii"
+    assert len(first) == 3 and second == first[:2]  # the column exists: not added again
+    assert edges is not None and edges.type == "ascii"  # the stack's own bootstrap added it
 
 
 def _etcd_channel(stack: Stack) -> grpc.aio.Channel:

@@ -117,3 +117,30 @@ def test_unsampled_reads_only_a_well_formed_traceparent() -> None:
     assert not observability.unsampled([(b"traceparent", b"01" + tp[2:] + b"00")])  # version
     assert not observability.unsampled([(b"host", b"x")])
     assert not observability.unsampled(None)
+
+
+def test_a_stored_traceparent_is_continued_by_a_producer_span_or_forwarded_as_it_is(
+    no_provider: None,
+) -> None:
+    """What the outbox relay sends with an event it republishes: the write's trace."""
+    parent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    assert observability.continued_hop("hop", None, {}) == (None, None)
+    # tracing off: the write's own context, so the consumer links to the write
+    assert observability.continued_hop("hop", parent, {}) == (
+        None,
+        [("traceparent", parent.encode())],
+    )
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observability.install_tracer_provider(provider)
+    span, headers = observability.continued_hop("hop", parent, {"messaging.destination.name": "t"})
+    observability.end_hop(span, RuntimeError("refused"))
+    (done,) = exporter.get_finished_spans()
+    assert done.context.trace_id == int("ab" * 16, 16)
+    assert done.parent is not None and done.parent.span_id == int("cd" * 8, 16)
+    assert done.kind == trace.SpanKind.PRODUCER and not done.status.is_ok
+    assert dict(done.attributes or {}) == {"messaging.destination.name": "t"}
+    assert [e.name for e in done.events] == ["exception"]
+    sent = dict(headers or [])
+    assert sent["traceparent"] == f"00-{'ab' * 16}-{done.context.span_id:016x}-01".encode()
