@@ -16,6 +16,8 @@ from operators.hotkeys import crd
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from operators.hotkeys.reconciler import EtcdUnavailable, Reconciler
 from operators.hotkeys.settings import OperatorSettings
+from services.common import observability
+from services.contracts import workloads
 
 GROUP, VERSION, PLURAL = crd.GROUP, crd.VERSION, crd.PLURAL  # what the program installs
 INTERVAL_S = 1.0
@@ -23,7 +25,10 @@ RETRY_DELAY_S = 2.0
 
 
 def build_reconciler() -> Reconciler:
-    return Reconciler.from_settings(OperatorSettings())
+    settings = OperatorSettings()
+    # here, not at import: a test that brings its own reconciler installs no tracer provider
+    observability.setup_tracing(workloads.HOTKEY_OPERATOR.name, settings.otlp_endpoint)
+    return Reconciler.from_settings(settings)
 
 
 @kopf.on.startup()

@@ -53,6 +53,7 @@ async def read_policy(reconciler: Reconciler, current: Policy) -> Policy:
 async def run(interval_s: float, host: str, port: int) -> None:
     settings = OperatorSettings()
     observability.setup_logging(WORKLOAD.name, settings.log_level)
+    observability.setup_tracing(WORKLOAD.name, settings.otlp_endpoint)
     reconciler = Reconciler.from_settings(settings)
     state = {"passes": 0}
     worker_http.serve(host, port, lambda: {"reconciled": state["passes"] > 0})

@@ -24,7 +24,10 @@ from operators.hotkeys.decisions import HotEntry, Plan, decide
 from operators.hotkeys.hot_pools import HotPools, source_cluster
 from operators.hotkeys.policy import Policy
 from operators.hotkeys.settings import OperatorSettings
+from services.common import observability
 from services.contracts import etcd, hotkeys, keys
+
+RECONCILE_SPAN = "hotkeys reconcile"  # a pass that did something (Reconciler.tick)
 
 
 class EtcdUnavailable(Exception):
@@ -79,6 +82,7 @@ class Reconciler:
         self.state: dict[str, HotEntry] = {}
         self.last_good: hotkeys.LastGood[dict[str, HotEntry]] = hotkeys.LastGood({}, grace_s, clock)
         self._restored = False
+        self._unreachable = False  # the last pass could not reach etcd
         self._etcd: aetcd.Client | None = None
 
     @classmethod
@@ -135,6 +139,30 @@ class Reconciler:
 
     # -- one pass ---------------------------------------------------------------------------
     async def tick(self, policy: Policy) -> Report:
+        """One pass. A pass that changed the hot set or had errors is a span, and so is the
+        first of a run of passes that could not reach etcd; the quiet ones (several a second)
+        are not: a trace per pass would say nothing and crowd out the ones that do."""
+        start = time.time_ns()
+        try:
+            report = await self._tick(policy)
+        except EtcdUnavailable as e:
+            if not self._unreachable:
+                observability.record_span(RECONCILE_SPAN, start, {}, e)
+            self._unreachable = True
+            raise
+        self._unreachable = False
+        if report.promoted or report.demoted or report.errors:
+            attributes = {
+                "likes.hotkeys.promoted": report.promoted,
+                "likes.hotkeys.demoted": report.demoted,
+                "likes.hotkeys.hot": len(report.hot_keys),
+            }
+            observability.record_span(
+                RECONCILE_SPAN, start, attributes, "; ".join(report.errors) or None
+            )
+        return report
+
+    async def _tick(self, policy: Policy) -> Report:
         now = self.clock()
         try:
             if not self._restored:

@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 
 from services.common import heap, observability, worker_http
 from services.consumer_lag.core import LagReader, PartitionLag, consumer_factory
-from services.consumer_lag.metrics import LAG_MESSAGES, LAG_SECONDS, READS
+from services.consumer_lag.metrics import LAG_MESSAGES, LAG_READ_SPAN, LAG_SECONDS, READS
 from services.consumer_lag.settings import LagSettings
 from services.contracts import clients, workloads
 
@@ -35,6 +35,7 @@ def main() -> None:
 
     settings = LagSettings()
     log = observability.setup_logging(workloads.CONSUMER_LAG.name, settings.log_level)
+    observability.setup_tracing(workloads.CONSUMER_LAG.name, settings.otlp_endpoint)
     conf = clients.kafka_config(settings, logger=logging.getLogger("kafka.admin"))
 
     def new_reader() -> LagReader:
@@ -61,8 +62,12 @@ def main() -> None:
     log.info("consumer-lag exporter started", extra={"fields": {"groups": settings.groups}})
     while not stop.is_set():
         loop.turned()
+        start = time.time_ns()
         try:
-            export(reader.read())
+            lags = reader.read()
+            export(lags)
+            worst = max((lag.seconds for lag in lags), default=0.0)
+            observability.record_span(LAG_READ_SPAN, start, {"likes.lag.max_seconds": worst})
             READS.labels("ok").inc()
             last_ok[0] = time.monotonic()
             failures = 0
@@ -72,6 +77,7 @@ def main() -> None:
             LAG_SECONDS.clear()
             LAG_MESSAGES.clear()
             READS.labels("error").inc()
+            observability.record_span(LAG_READ_SPAN, start, {}, e)
             log.warning("lag read failed", extra={"fields": {"error": repr(e)}})
             failures += 1
             if failures >= REBUILD_AFTER:

@@ -19,3 +19,4 @@ LAG_MESSAGES = Gauge(
 READS = Counter(names.CONSUMER_LAG_READS, "Reads of the offsets from Kafka", ["result"])
 for _result in ("ok", "error"):
     READS.labels(_result)
+LAG_READ_SPAN = "lag read"  # one span per read of the groups' offsets (every few seconds)

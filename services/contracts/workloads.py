@@ -135,7 +135,7 @@ CONSUMER_LAG = Workload(
     "services.consumer_lag",
     "services.consumer_lag.settings:LagSettings",
     OPS_PORT,
-    uses=("kafka_bootstrap",),
+    uses=("kafka_bootstrap", TRACES),
 )
 CANARY = Workload(
     "canary",
@@ -153,7 +153,7 @@ HOTKEY_OPERATOR = Workload(
     "operators.hotkeys.handlers",
     "operators.hotkeys.settings:OperatorSettings",
     OPS_PORT,
-    uses=("count_cache_nodes", "hot_pools", "etcd_host"),
+    uses=("count_cache_nodes", "hot_pools", "etcd_host", TRACES),
 )
 
 # The abuse scorer joins when services/abuse exists (issue: anti-abuse scorer); until then the

@@ -38,11 +38,18 @@ from local.components import hotkeys as hk_components
 from local.components.base import ProbeFailed, Server
 from operators.hotkeys import cli as hotkeys_cli
 from operators.hotkeys.local_loop import POLICY_KEY
+from operators.hotkeys.reconciler import RECONCILE_SPAN
 from services.client import LikesClient
 from services.contracts import hotkeys, keys, routes, workloads
 from services.read.heat import COLD_TTL_S, HOT_TTL_S, EtcdHeat
 from services.read.main import create_app
 from tests.conftest import Stack
+from tests.integration.test_traces import (
+    TRACE_DEADLINE_S,
+    span_attribute,
+    stack_spans,
+    wait_for_value,
+)
 
 pytestmark = pytest.mark.stack
 T = TypeVar("T")
@@ -209,6 +216,22 @@ def test_flash_spike_is_flagged_replicated_tracked_then_demoted(
     wait_for(lambda: etcd_get(stack, hotkeys.HOTPOOL_PREFIX + post) is None, timeout=30)
     assert etcd_get(stack, keys.SPLIT_PREFIX + post) is None
     assert all(not r.exists(keys.count_key(post)) for r in pools(stack))
+
+    # the two passes that changed the hot set are the operator's spans; the quiet ones are not
+    def changed() -> list[tuple[str, str]] | None:
+        ours = [
+            (key, s["name"])
+            for s in stack_spans(stack)
+            if s["service"] == workloads.HOTKEY_OPERATOR.name
+            for key in ("likes.hotkeys.promoted", "likes.hotkeys.demoted")
+            if post in (span_attribute(s, key) or [])
+        ]
+        return sorted(ours) if len(ours) == 2 else None
+
+    assert wait_for_value(changed, TRACE_DEADLINE_S, "the operator's spans of the post") == [
+        ("likes.hotkeys.demoted", RECONCILE_SPAN),
+        ("likes.hotkeys.promoted", RECONCILE_SPAN),
+    ]
 
 
 def free_port() -> int:

@@ -21,9 +21,12 @@ import pytest
 
 from infra import envoy_config
 from local.components.observability import OtelCollector
+from services.consumer_lag import metrics as consumer_lag
+from services.contracts import events, routes, workloads
 from services.contracts import metrics as metric_names
-from services.contracts import routes, workloads
+from services.relay import core as relay_core
 from tests.conftest import Stack
+from tests.integration import faults
 
 pytestmark = pytest.mark.stack
 T = TypeVar("T")
@@ -32,9 +35,10 @@ T = TypeVar("T")
 # collector's batch (1 s), with room for a loaded machine
 TRACE_DEADLINE_S = 90
 SERVER = 2  # OTLP's SPAN_KIND_SERVER
+PRODUCER = 4  # OTLP's SPAN_KIND_PRODUCER
 
 
-def _wait(check: Callable[[], T | None], timeout: float, what: str) -> T:
+def wait_for_value(check: Callable[[], T | None], timeout: float, what: str) -> T:
     deadline = time.monotonic() + timeout
     while True:
         got = check()
@@ -62,6 +66,11 @@ def _spans(files: list[Path]) -> Iterator[dict[str, Any]]:
 def _trace_files(stack: Stack) -> list[Path]:
     out = OtelCollector(stack.layout).traces_file
     return sorted(out.parent.glob(f"{out.stem}*{out.suffix}"))  # the file and its rotations
+
+
+def stack_spans(stack: Stack) -> list[dict[str, Any]]:
+    """Every span the stack's Tempo stand-in kept so far."""
+    return list(_spans(_trace_files(stack)))
 
 
 def _prom(stack: Stack, expr: str) -> list[Any]:
@@ -95,7 +104,7 @@ def test_a_like_is_one_trace_from_the_gateway_through_write_to_the_aggregators_w
     _traced_like(stack, stack.token("tracer"), post, trace_id, caller_span)
 
     def traced() -> dict[str, Any] | None:
-        spans = list(_spans(_trace_files(stack)))
+        spans = stack_spans(stack)
         ours = [s for s in spans if s["traceId"] == trace_id]
         gateway = [s for s in ours if s["service"] == envoy_config.TRACING_SERVICE_NAME]
         write = [s for s in ours if s["service"] == workloads.WRITE.name]
@@ -109,7 +118,9 @@ def test_a_like_is_one_trace_from_the_gateway_through_write_to_the_aggregators_w
             return {"gateway": gateway, "write": write, "window": window}
         return None
 
-    found = _wait(traced, TRACE_DEADLINE_S, f"the like's trace {trace_id} in the traces file")
+    found = wait_for_value(
+        traced, TRACE_DEADLINE_S, f"the like's trace {trace_id} in the traces file"
+    )
     # the caller's span -> Envoy's ingress span -> the write service's: one trace, each hop a
     # child (Envoy's other spans, its rate limit call, are children of its ingress span)
     (gw,) = [s for s in found["gateway"] if s.get("parentSpanId") == caller_span]
@@ -125,6 +136,39 @@ def test_a_like_is_one_trace_from_the_gateway_through_write_to_the_aggregators_w
         if link["traceId"] == trace_id
     )
     assert all(s["traceId"] != trace_id for s in found["window"])  # its own trace, linked
+
+
+def test_a_like_the_outbox_relay_publishes_stays_in_its_writes_trace(stack: Stack) -> None:
+    """Kafka refuses the write's own publish (the like is still a 202, its outbox row kept);
+    once it accepts again the relay publishes the row in a span that is a child of the write
+    request's, and the window that counts the like links to that span."""
+    trace_id = secrets.token_hex(16)
+    post = f"relayed-{uuid.uuid4().hex[:8]}"
+    with faults.records_refused(stack, events.COMMITTED):
+        _traced_like(stack, stack.token("tracer"), post, trace_id, secrets.token_hex(8))
+
+    def traced() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]] | None:
+        spans = stack_spans(stack)
+        ours = [s for s in spans if s["traceId"] == trace_id]
+        write = [s for s in ours if s["service"] == workloads.WRITE.name]
+        relay = [s for s in ours if s["service"] == workloads.OUTBOX_RELAY.name]
+        window = [
+            s
+            for s in spans
+            if s["service"] == workloads.AGGREGATOR.name
+            and any(link["traceId"] == trace_id for link in s.get("links", []))
+        ]
+        return (write[0], relay, window) if len(write) == 1 and relay and window else None
+
+    server, relay, window = wait_for_value(
+        traced, TRACE_DEADLINE_S, f"the relayed like's trace {trace_id}"
+    )
+    assert [(s["name"], s["parentSpanId"], s["kind"]) for s in relay] == [
+        (relay_core.RELAY_PUBLISH_SPAN, server["spanId"], PRODUCER)
+    ]
+    assert {
+        link["spanId"] for s in window for link in s["links"] if link["traceId"] == trace_id
+    } == {relay[0]["spanId"]}  # the relay's copy was counted; the write's never reached Kafka
 
 
 def test_a_callers_sampled_traceparent_cannot_force_a_read_trace(stack: Stack) -> None:
@@ -151,7 +195,7 @@ def test_a_callers_sampled_traceparent_cannot_force_a_read_trace(stack: Stack) -
         ids = {s["traceId"] for s in _spans(_trace_files(stack))}
         return ids if control in ids else None
 
-    _wait(write_traced, TRACE_DEADLINE_S, f"the control write's trace {control}")
+    wait_for_value(write_traced, TRACE_DEADLINE_S, f"the control write's trace {control}")
     time.sleep(3)  # the file exporter's flush of anything decided with it
     traced = set(reads) & {s["traceId"] for s in _spans(_trace_files(stack))}
     assert len(traced) <= 3, f"{len(traced)} of 20 reads traced: the caller's flag forced them"
@@ -162,8 +206,8 @@ def test_the_traces_slis_read_the_collectors_metrics(stack: Stack) -> None:
     canary's turns, the test above), and otlp_export_failures at 0 while every span is
     written: read the way the rules record them, so a renamed collector metric fails here."""
     kept = metric_names.TRACES_KEPT_PER_SECOND
-    _wait(lambda: _prom(stack, f"{kept} > 0"), 180, f"{kept} > 0")
-    failures = _wait(
+    wait_for_value(lambda: _prom(stack, f"{kept} > 0"), 180, f"{kept} > 0")
+    failures = wait_for_value(
         lambda: _prom(stack, metric_names.OTLP_EXPORT_FAILURES), 60, "otlp_export_failures"
     )
     assert [float(s["value"][1]) for s in failures] == [0.0]
@@ -177,7 +221,7 @@ def test_a_canary_turn_is_one_trace_through_the_gateway(stack: Stack) -> None:
     failed is an error span (so the samplers keep it whatever the healthy share)."""
 
     def traced_turn() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-        spans = list(_spans(_trace_files(stack)))
+        spans = stack_spans(stack)
         for turn in (s for s in spans if s["service"] == workloads.CANARY.name):
             trace = [s for s in spans if s["traceId"] == turn["traceId"]]
             ingress = [
@@ -197,7 +241,7 @@ def test_a_canary_turn_is_one_trace_through_the_gateway(stack: Stack) -> None:
         return None
 
     # a turn lasts the convergence hold (28 s) and its spans are exported after it ends
-    turn, trace = _wait(traced_turn, 180, "a canary turn's trace through the gateway")
+    turn, trace = wait_for_value(traced_turn, 180, "a canary turn's trace through the gateway")
     result = {a["key"]: a["value"] for a in turn.get("attributes", [])}["likes.canary.result"]
     is_error = turn.get("status", {}).get("code") == 2  # STATUS_CODE_ERROR
     assert is_error == (result["stringValue"] != "match")
@@ -206,3 +250,31 @@ def test_a_canary_turn_is_one_trace_through_the_gateway(stack: Stack) -> None:
         envoy_config.TRACING_SERVICE_NAME,
         workloads.WRITE.name,
     }
+
+
+def span_attribute(span: dict[str, Any], key: str) -> Any:
+    """An OTLP JSON attribute's value: a string, a number, or a list of strings."""
+    for a in span.get("attributes", []):
+        if a["key"] == key:
+            v = a["value"]
+            if "arrayValue" in v:
+                return [x.get("stringValue") for x in v["arrayValue"].get("values", [])]
+            return next(iter(v.values()))
+    return None
+
+
+def test_the_lag_exporters_reads_are_spans(stack: Stack) -> None:
+    """Each read of the groups' offsets (every LIKES_LAG_INTERVAL_S) is a span carrying the
+    worst lag it saw: a slow or failing read shows in the traces as well as in lag_reads."""
+
+    def reads() -> list[dict[str, Any]] | None:
+        return [
+            s
+            for s in stack_spans(stack)
+            if s["service"] == workloads.CONSUMER_LAG.name
+            and s["name"] == consumer_lag.LAG_READ_SPAN
+        ] or None
+
+    spans = wait_for_value(reads, TRACE_DEADLINE_S, "a consumer-lag read span")
+    worst = [span_attribute(s, "likes.lag.max_seconds") for s in spans]
+    assert all(isinstance(w, float) and w >= 0 for w in worst), worst
