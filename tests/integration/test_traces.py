@@ -267,14 +267,16 @@ def test_the_lag_exporters_reads_are_spans(stack: Stack) -> None:
     """Each read of the groups' offsets (every LIKES_LAG_INTERVAL_S) is a span carrying the
     worst lag it saw: a slow or failing read shows in the traces as well as in lag_reads."""
 
-    def reads() -> list[dict[str, Any]] | None:
-        return [
-            s
+    def worst_lags() -> list[Any] | None:
+        worst = [
+            span_attribute(s, "likes.lag.max_seconds")
             for s in stack_spans(stack)
             if s["service"] == workloads.CONSUMER_LAG.name
             and s["name"] == consumer_lag.LAG_READ_SPAN
-        ] or None
+        ]
+        # the groups lag a little between two commits: some read saw it (not a constant 0)
+        return worst if any(isinstance(w, float) and w > 0 for w in worst) else None
 
-    spans = wait_for_value(reads, TRACE_DEADLINE_S, "a consumer-lag read span")
-    worst = [span_attribute(s, "likes.lag.max_seconds") for s in spans]
-    assert all(isinstance(w, float) and w >= 0 for w in worst), worst
+    worst = wait_for_value(worst_lags, TRACE_DEADLINE_S, "a consumer-lag read that saw lag")
+    # a whole double is written as a JSON integer (0, not 0.0)
+    assert all(isinstance(w, int | float) and w >= 0 for w in worst), worst
