@@ -88,6 +88,7 @@ HOTKEY_SAMPLER = workloads.HOTKEY_SAMPLER.name
 OUTBOX_RELAY = workloads.OUTBOX_RELAY.name
 AGGREGATOR = workloads.AGGREGATOR.name
 HOTKEY_OPERATOR = workloads.HOTKEY_OPERATOR.name
+CONSUMER_LAG = workloads.CONSUMER_LAG.name
 WORKLOADS = tuple(w.name for w in workloads.ALL)
 
 # `severity` values; Alertmanager routes on them (infra/observability.py alertmanager_config).
@@ -176,7 +177,7 @@ def _read_error_ratio() -> str:
     dropped, not NaN) or no series (the read service down and unscraped; no gateway), so the
     other still counts: a gateway that cannot reach the service leaves the service idle."""
     m = metric_names
-    tier = f'{m.READ_TIER_LABEL}=~"{"|".join(m.READ_DEGRADED_TIERS)}"'
+    tier = f'{m.READ_TIER_LABEL}=~"{m.READ_DEGRADED_TIER_RE}"'
     cluster = f'{m.ENVOY_CLUSTER_LABEL}="{m.GATEWAY_READ_CLUSTER}"'
     return (
         f"(\n  sum(rate({m.READ_TIER}{{{tier}}}[{{window}}]))\n"
@@ -215,6 +216,7 @@ def _bad_time_ratio(slo_name: str) -> str:
 # the seed's consumer_lag_seconds: the age of the oldest message each group has not consumed,
 # per partition of likes.committed (services/consumer_lag/core.py computes it)
 _COMMITTED_LAG = f'{metric_names.CONSUMER_LAG_SECONDS}{{topic="{events.COMMITTED}"}}'
+CONSUMER_LAG_THRESHOLD_S = 10  # the seed: counts visibly stale after ~10 s of lag
 
 
 def default_slos() -> list[Slo]:
@@ -266,7 +268,7 @@ def default_slos() -> list[Slo]:
             error_ratio=_bad_time_ratio("consumer-lag"),
             # read from Kafka by the consumer-lag exporter (services/consumer_lag), per group
             # and partition: a consumer that died or hung keeps showing its lag
-            inputs=(_over_threshold(_COMMITTED_LAG, 10),),
+            inputs=(_over_threshold(_COMMITTED_LAG, CONSUMER_LAG_THRESHOLD_S),),
             description="likes.committed consumers stay within 10 s of the head",
             runbook="consumer-lag",
         ),
@@ -298,6 +300,10 @@ def alert_name(slo: Slo) -> str:
 
 def recording_name(window: str) -> str:
     return f"slo:sli_error:ratio_rate{window}"
+
+
+# each SLO's error ratio over the shortest window (label slo): what the runbooks look at first
+ERROR_RATIO_NOW = recording_name(WINDOWS[0])
 
 
 def _runbook_annotations(slug: str, runbook_base: str) -> dict[str, str]:

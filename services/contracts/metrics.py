@@ -72,6 +72,7 @@ READ_BREAKER_OPEN = "likes_read_breaker_open"
 READ_TIER = "likes_read_tier_total"
 READ_TIER_LABEL = "tier"
 READ_DEGRADED_TIERS = ("last_good", "none")
+READ_DEGRADED_TIER_RE = "|".join(READ_DEGRADED_TIERS)  # for a =~ matcher
 
 # Envoy's own series (its stats listener, infra/envoy_config.STATS_PATH), per upstream cluster
 # (label envoy_cluster_name): completed requests, and by response class (envoy_response_code_class

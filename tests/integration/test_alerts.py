@@ -87,6 +87,27 @@ def _delivered(stack: Stack, receiver: str, name: str, status: str, after: float
     return False
 
 
+def _diagnosis_sees_trouble(stack: Stack, alert: str) -> None:
+    """While ALERT fires, `likes runbook diagnose ALERT` finds the trouble: at least one check
+    of its runbook says so (printed for the notes: what on-call would read)."""
+    proc = stack.cli("runbook", "diagnose", alert, "--json", check=False)
+    ((result,),) = [json.loads(proc.stdout or "null")]
+    troubles = [(c["check"], c["readings"]) for c in result["checks"] if c["verdict"] == "trouble"]
+    assert proc.returncode == 1 and troubles, (alert, result["checks"])
+    for check, readings in troubles:
+        print(f"diagnose {alert}: {check} -> {'; '.join(readings)}")
+
+
+def _diagnosed(stack: Stack, alert: str, metric: str) -> tuple[int, dict[str, Any]]:
+    """`likes runbook diagnose ALERT --json`: its exit status and its check that reads
+    `metric` (the verdict and readings on-call would see)."""
+    proc = stack.cli("runbook", "diagnose", alert, "--json", check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    ((result,),) = [json.loads(proc.stdout)]
+    (check,) = [c for c in result["checks"] if metric in c["promql"]]
+    return proc.returncode, check
+
+
 def test_hung_worker_loops_page_through_their_alerts_and_all_resolve(stack: Stack) -> None:
     """The relay's and the aggregator's loops stop (their main threads, as a call that never
     returns would hold them) while their ops servers still answer scrapes: the heartbeat
@@ -105,6 +126,13 @@ def test_hung_worker_loops_page_through_their_alerts_and_all_resolve(stack: Stac
     _quiet(stack, "CanaryDrift", drifting)
     status = stack.status()
     hung = contextlib.ExitStack()
+    # on-call's first look before the fault: each loop turning
+    loops = {
+        alert_rules.AGGREGATOR_STALLED: metric_names.AGGREGATOR_LOOP_TIMESTAMP,
+        alert_rules.OUTBOX_RELAY_HUNG: metric_names.OUTBOX_RELAY_LOOP_TIMESTAMP,
+    }
+    for alert, metric in loops.items():
+        assert _diagnosed(stack, alert, metric)[1]["verdict"] == "ok", alert
 
     def answers(name: str) -> Callable[[], bool]:
         def ok() -> bool:
@@ -132,9 +160,23 @@ def test_hung_worker_loops_page_through_their_alerts_and_all_resolve(stack: Stac
         drift = _wait(stack, "CanaryDrift", drifting, "firing", 240)
         assert _at(drift["started_at"]) > injected
         assert drift["runbook_url"] == "runbooks/canary-drift.md"
+        for name in (burn["name"], drift["name"]):
+            _diagnosis_sees_trouble(stack, name)
         # the scrapes went on throughout: the hung loops' heartbeats were seen standing still
         stuck = _query(stack, f"max(time() - {metric_names.OUTBOX_RELAY_LOOP_TIMESTAMP})")
         assert stuck > alert_rules.LOOP_HUNG_AFTER_S, stuck
+        # and the runbooks' checks name the cause: which loop, how long since it turned
+        for alert, metric in loops.items():
+            code, check = _diagnosed(stack, alert, metric)
+            assert (code, check["verdict"]) == (1, "trouble"), check
+            (reading,) = check["readings"]
+            assert "the loop last turned" in reading, reading
+            w = (
+                workloads.AGGREGATOR
+                if alert == alert_rules.AGGREGATOR_STALLED
+                else workloads.OUTBOX_RELAY
+            )
+            assert reading.startswith(stack.ops_url(w.name).removeprefix("http://")), reading
         # `likes slo` reads the same burn from Prometheus: above the page's 14.4 over "1h"
         # (a local minute), and budget spent
         slos = {r["slo"]: r for r in json.loads(stack.cli("slo", "--json").stdout)}
@@ -228,6 +270,8 @@ def _all_fire_and_resolve(
             fired[what] = _wait(stack, what, match, "firing", 240)
             assert _at(fired[what]["started_at"]) > injected, (what, fired[what])
             assert fired[what]["runbook_url"] == f"runbooks/{runbook}.md", fired[what]
+        for name in sorted({a["name"] for a in fired.values()}):
+            _diagnosis_sees_trouble(stack, name)
     finally:
         undo()
     undone = time.time()
@@ -323,6 +367,7 @@ def test_a_slow_then_paused_cassandra_fires_each_alert_it_implies_and_all_resolv
         slow = _wait(stack, "the read latency burn", slow_reads, "firing", 240)
         assert _at(slow["started_at"]) > injected, slow
         assert slow["runbook_url"] == "runbooks/read-latency.md"
+        _diagnosis_sees_trouble(stack, slow["name"])
     os.kill(pid, signal.SIGSTOP)
     try:
         produce_like(stack)  # a window for the aggregator to flush into the paused store
@@ -335,6 +380,8 @@ def test_a_slow_then_paused_cassandra_fires_each_alert_it_implies_and_all_resolv
             f'sum(increase({metric_names.READ_TIER}{{{metric_names.READ_TIER_LABEL}="none"}}[2m]))',
         )
         assert degraded > 0, degraded
+        for name in sorted({a["name"] for a in fired.values()}):
+            _diagnosis_sees_trouble(stack, name)
     finally:
         os.kill(pid, signal.SIGCONT)
     resumed = time.time()
