@@ -1,15 +1,13 @@
 """`likes recount POST | --sample N [--repair] [--yes] [--json]`: the count reconciler.
 
-Connection settings: the LIKES_* variables when any is set (a shell in a deployed environment,
-like `likes hotkeys`); otherwise the local stack named by LIKES_HOME / LIKES_PORT_OFFSET (like
-`likes local ...`), reached with the env the stack gives its aggregator, so the correction cell
-carries the same region as the aggregator's cells.
+Connection settings: cli/stack_settings.py (the LIKES_* variables, or the local stack reached with
+the env it gives its aggregator, so the correction cell carries the same region as the
+aggregator's cells).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from contextlib import ExitStack
 from typing import Annotated, Any
@@ -18,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli import stack_settings
 from services.contracts import events, keys, settings
 from services.recount import core
 
@@ -29,25 +28,6 @@ EXIT_CLEAN, EXIT_DRIFT, EXIT_ERROR = 0, 1, 2
 
 class CliError(Exception):
     """The recount could not run: bad input, no settings, a store it cannot reach."""
-
-
-def _settings() -> settings.Settings:
-    Settings, prefix = settings.Settings, settings.PREFIX
-    if any(k.startswith(prefix) and k not in settings.TOOLING_VARS for k in os.environ):
-        return Settings()
-    from local import layout, transforms
-    from services.contracts import workloads
-
-    lay = layout.from_env()
-    if not lay.home.exists():
-        raise CliError(
-            f"no LIKES_* settings and no local stack at {lay.home}: set the LIKES_* variables of "
-            "the environment to check, or start the local stack (`likes local up`)"
-        )
-    env = transforms.workload_env(lay, workloads.AGGREGATOR.name)
-    fields = Settings.model_fields
-    values = {k.removeprefix(prefix).lower(): v for k, v in env.items()}
-    return Settings.model_validate({k: v for k, v in values.items() if k in fields})
 
 
 def _aggregator_defaults() -> tuple[str, int]:
@@ -234,8 +214,8 @@ def _run(
     if post_id is not None and not re.fullmatch(keys.POST_ID_PATTERN, post_id):
         raise CliError(f"{post_id!r} is not a post id (expected {keys.POST_ID_PATTERN})")
     try:
-        s = _settings()
-    except ValueError as e:  # a bad or unknown LIKES_* variable
+        s = stack_settings.platform_settings()
+    except (ValueError, stack_settings.NoSettings) as e:  # a bad or unknown LIKES_* variable
         raise CliError(str(e)) from e
     if s.env != "local" and "region" not in s.model_fields_set:
         # the correction cell is named after the region: never let it default
