@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import alerts, recount, runbook, slo, status
+from cli import alerts, audit, recount, runbook, slo, status
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
@@ -24,6 +24,7 @@ app.command()(recount.recount)
 app.command()(alerts.alerts)
 app.command()(slo.slo)
 app.command()(status.status)
+app.command()(audit.audit)
 
 if __name__ == "__main__":
     app()

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli import stack_settings
+from cli import audit, stack_settings
 from services.contracts import events, keys, settings
 from services.recount import core
 
@@ -254,7 +254,14 @@ def _run(
             verdicts, settle = rec.check(first, at, timeout)
             todo = [v for v in verdicts if v.status == "drift"]
             if repair and todo and (yes or _confirm(todo)):
-                verdicts = rec.repair(verdicts)
+                args = {"posts": [v.post_id for v in todo]}
+                try:
+                    verdicts = rec.repair(verdicts)
+                except Exception as e:
+                    audit.record("recount --repair", args, "failed", f"{type(e).__name__}: {e}")
+                    raise
+                done = {v.post_id: v.status for v in verdicts if v.post_id in args["posts"]}
+                audit.record("recount --repair", args, "ok", done)
         except probes.ProbeError as e:
             raise CliError(str(e)) from e
         except cassandra_errors as e:

@@ -1,5 +1,6 @@
 """`likes hotkeys top|show|split|unsplit`: on-call's view of the hot-key set, reading and writing
-the same etcd keys as the sampler and the operator. Mutations confirm unless --yes."""
+the same etcd keys as the sampler and the operator. Mutations confirm unless --yes, and leave an
+audit record (`likes audit`). Settings: the LIKES_* variables, else the local stack's."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli import audit, stack_settings
 from services.contracts import etcd, hotkeys, keys
-from services.contracts.settings import Settings
 
 app = typer.Typer(help="Hot keys: what the sampler flagged, what the operator replicated/split.")
 console = Console()
@@ -27,7 +28,10 @@ class EtcdError(Exception):
 
 
 async def _with_etcd(fn: Any) -> Any:
-    s = Settings()
+    try:  # the LIKES_* variables (a pod's), else the local stack's
+        s = stack_settings.platform_settings()
+    except (ValueError, stack_settings.NoSettings) as e:
+        raise EtcdError(str(e)) from e
     client = etcd.from_settings(s, timeout=2.0)
     try:
         return await fn(client)
@@ -102,6 +106,17 @@ def show(post_id: str, as_json: bool = JsonOpt) -> None:
         console.print(_table([row]))
 
 
+def _audited(command: str, args: dict[str, Any], fn: Any) -> Any:
+    """_run(fn), with an audit record of what came of it (cli/audit.py)."""
+    try:
+        done = _run(fn)
+    except typer.Exit:
+        audit.record(command, args, "failed", "etcd did not answer")
+        raise
+    audit.record(command, args, "ok", done)
+    return done
+
+
 def _confirm(what: str, yes: bool) -> None:
     if not yes and not typer.confirm(what):
         raise typer.Abort()
@@ -121,7 +136,7 @@ def split(
     async def put(client: aetcd.Client) -> None:
         await client.put((keys.SPLIT_PREFIX + post_id).encode(), flag.encode())
 
-    _run(put)
+    _audited("hotkeys split", {"post_id": post_id, "factor": factor}, put)
     result = {"post_id": post_id, "split": {"factor": factor, "by": "manual"}}
     typer.echo(json.dumps(result) if as_json else f"split {post_id} (factor {factor})")
 
@@ -134,6 +149,6 @@ def unsplit(post_id: str, yes: bool = YesOpt, as_json: bool = JsonOpt) -> None:
     async def delete(client: aetcd.Client) -> bool:
         return bool(await client.delete((keys.SPLIT_PREFIX + post_id).encode()))
 
-    existed = _run(delete)
+    existed = _audited("hotkeys unsplit", {"post_id": post_id}, delete)
     result = {"post_id": post_id, "removed": existed}
     typer.echo(json.dumps(result) if as_json else f"unsplit {post_id}: removed={existed}")

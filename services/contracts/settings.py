@@ -35,6 +35,7 @@ TOOLING_VARS = frozenset(
         "LIKES_TEST_REUSE",
         "LIKES_TEST_TLS",
         "LIKES_KEEP_STACK",
+        "LIKES_OPERATOR",  # who the audit records name (cli/audit.py)
     }
 )
 

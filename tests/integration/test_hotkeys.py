@@ -32,6 +32,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from cli import audit
+from cli.main import app as cli_app
 from infra import envoy_config
 from local import transforms
 from local.components import hotkeys as hk_components
@@ -41,6 +43,7 @@ from operators.hotkeys.local_loop import POLICY_KEY
 from operators.hotkeys.reconciler import RECONCILE_SPAN
 from services.client import LikesClient
 from services.contracts import hotkeys, keys, routes, workloads
+from services.contracts.settings import Settings
 from services.read.heat import COLD_TTL_S, HOT_TTL_S, EtcdHeat
 from services.read.main import create_app
 from tests.conftest import Stack
@@ -55,6 +58,7 @@ pytestmark = pytest.mark.stack
 T = TypeVar("T")
 
 # short cool-down so that demotion is observable; rates are the sampler's (scaled) estimates
+OPERATOR = "on-call-test"  # who the CLI tests act as (audit records)
 POLICY = {"enterRate": 500, "exitRate": 250, "splitRate": 1000, "cooldownSeconds": 3}
 
 
@@ -606,17 +610,12 @@ def test_heat_hints_survive_an_etcd_outage_for_the_grace_period_only(stack: Stac
 
 # -- on-call's CLI --------------------------------------------------------------------------------
 def cli_env(stack: Stack) -> dict[str, str]:
-    """The etcd address and login on-call passes the CLI (LIKES_* variables, as a pod has)."""
-    s = stack.settings()
-    assert s.etcd_user is not None and s.etcd_password is not None
-    return {
-        "LIKES_ETCD_HOST": s.etcd_host,
-        "LIKES_ETCD_PORT": str(s.etcd_port),
-        "LIKES_ETCD_USER": s.etcd_user,
-        "LIKES_ETCD_PASSWORD": s.etcd_password.get_secret_value(),
-        # the stack's etcd serves TLS in the --tls profile: the CLI verifies it with this CA
-        "LIKES_TLS_CA_FILE": s.tls_ca_file or "",
-    }
+    """The settings on-call's shell has in a pod (the shared LIKES_* variables the program
+    renders: etcd's address and login, the CA in the --tls profile, the edge-store the audit
+    records go to), and who they are."""
+    shared = Settings.env_names()
+    env = {k: v for k, v in stack.workload_env(workloads.AGGREGATOR.name).items() if k in shared}
+    return {**env, audit.OPERATOR_ENV: OPERATOR}
 
 
 def test_cli_top_lists_the_hot_set_hottest_first_as_json(stack: Stack) -> None:
@@ -688,3 +687,13 @@ def test_cli_mutations_change_etcd_only_when_confirmed(stack: Stack) -> None:
         assert json.loads(again.output) == {"post_id": post, "removed": False}
     finally:
         etcd_put(stack, key, None)
+    # each confirmed mutation left an audit record, newest first; the declined ones none
+    trail = CliRunner().invoke(cli_app, ["audit", "--since", "10m", "--json"], env=env)
+    assert trail.exit_code == 0, trail.output
+    ours = [r for r in json.loads(trail.stdout) if r["args"].get("post_id") == post]
+    assert [(r["command"], r["args"], r["result"], r["detail"], r["who"]) for r in ours] == [
+        ("hotkeys unsplit", {"post_id": post}, "ok", False, OPERATOR),
+        ("hotkeys unsplit", {"post_id": post}, "ok", True, OPERATOR),
+        ("hotkeys split", {"post_id": post, "factor": 8}, "ok", None, OPERATOR),
+        ("hotkeys split", {"post_id": post, "factor": 4}, "ok", None, OPERATOR),
+    ]

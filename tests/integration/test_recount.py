@@ -178,6 +178,14 @@ def test_drift_in_a_cell_and_in_the_cache_is_reported_then_repaired_for_good(
     assert code == 0, out
     fix = out["posts"][0]["correction"]
     assert out["posts"][0]["status"] == "repaired" and fix["delta"] == 0 and fix["gen"] > bogus_gen
+    # each repair left an audit record (`likes audit`), newest first
+    trail = json.loads(stack.cli("audit", "--since", "10m", "--json").stdout)
+    ours = [r for r in trail if r["command"] == "recount --repair"
+            and r["args"]["posts"] in ([in_cell], [in_cache])]  # fmt: skip
+    assert [(r["args"]["posts"], r["result"], r["detail"]) for r in ours] == [
+        ([in_cache], "ok", {in_cache: "repaired"}),
+        ([in_cell], "ok", {in_cell: "repaired"}),
+    ]
 
     url = stack.service_url("read")
     read = LikesClient(url, url, verify=stack.service_verify)
