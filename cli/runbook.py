@@ -16,7 +16,8 @@ infra/alert_rules.py by tests/infra/test_alert_rules.py) and `diagnose`, a list 
 
 `diagnose` runs every check against Prometheus and prints each reading with its verdict: ok,
 trouble, no data, or error (the query failed). Without ALERT it diagnoses what `likes alerts`
-shows firing. Addresses default to the local stack (LIKES_HOME / LIKES_PORT_OFFSET).
+shows firing. Addresses default to the local stack (LIKES_HOME / LIKES_PORT_OFFSET), whose
+queries get its rules' time scale (local/observability_transforms.py, transform 6).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -148,11 +150,15 @@ def _reading(c: Check, labels: dict[str, str], value: float) -> str:
         return _raw(labels, value)
 
 
-def run_check(c: Check, prometheus: str) -> dict[str, Any]:
-    """One check against Prometheus: its verdict and readings (the trouble ones, or all)."""
-    out: dict[str, Any] = {"check": c.check, "promql": c.promql, "trouble": c.trouble}
+def run_check(
+    c: Check, prometheus: str, localize: Callable[[str], str] = lambda q: q
+) -> dict[str, Any]:
+    """One check against Prometheus: its verdict and readings (the trouble ones, or all).
+    `localize`: the query as the local stack runs it (its ranges time-scaled)."""
+    query = localize(c.promql)
+    out: dict[str, Any] = {"check": c.check, "promql": query, "trouble": c.trouble}
     try:
-        resp = httpx.get(f"{prometheus}/api/v1/query", params={"query": c.promql}, timeout=15)
+        resp = httpx.get(f"{prometheus}/api/v1/query", params={"query": query}, timeout=15)
         body = resp.json()
         if resp.status_code != 200 or body.get("status") != "success":
             raise ValueError(body.get("error") or f"HTTP {resp.status_code}")
@@ -171,19 +177,27 @@ def run_check(c: Check, prometheus: str) -> dict[str, Any]:
     return {**out, "verdict": "ok", "readings": [_raw(*sample) for sample in samples]}
 
 
-def diagnose_alert(alert: str, prometheus: str) -> dict[str, Any]:
+def diagnose_alert(
+    alert: str, prometheus: str, localize: Callable[[str], str] = lambda q: q
+) -> dict[str, Any]:
     rb = for_alert(alert)
     return {
         "alert": alert,
         "runbook": str(rb.path.relative_to(REPO)),
-        "checks": [run_check(c, prometheus) for c in rb.checks],
+        "checks": [run_check(c, prometheus, localize) for c in rb.checks],
     }
 
 
-def _local_prometheus() -> str:
-    from local import layout
+def _local_prometheus() -> tuple[str, Callable[[str], str]]:
+    """The local stack's Prometheus, and its time scale: a check reads the window the local
+    alert did (a 15m range there is what 15m is in production)."""
+    from local import layout, observability_render
+    from local import observability_transforms as transforms
 
-    return f"http://{layout.HOST}:{layout.from_env().ports.prometheus}"
+    lay = layout.from_env()
+    rendered = observability_render.load(lay.stack).prometheus
+    url = f"http://{layout.HOST}:{lay.ports.prometheus}"
+    return url, lambda q: transforms.query(q, rendered)
 
 
 @app.command("list")
@@ -229,7 +243,8 @@ def diagnose(
         bool, typer.Option("--json", help="A JSON list, one object per alert.")
     ] = False,
     prometheus: Annotated[
-        str | None, typer.Option(help="Prometheus's URL (default: the local stack's).")
+        str | None,
+        typer.Option(help="Prometheus's URL (default: the local stack's, time-scaled)."),
     ] = None,
     alertmanager: Annotated[
         str | None, typer.Option(help="Alertmanager's URL, for the firing alerts.")
@@ -242,7 +257,7 @@ def diagnose(
     promql, trouble, verdict and readings (strings). Exits 1 when a check found trouble."""
     from cli import alerts as alerts_cli
 
-    prom = prometheus or _local_prometheus()
+    prom, localize = (prometheus, lambda q: q) if prometheus else _local_prometheus()
     if alert is not None:
         names = [alert]
         _for(alert)  # an unknown alert is a usage error before any query
@@ -254,7 +269,7 @@ def diagnose(
             err.print(f"[red]cannot read firing alerts:[/red] {e} (Alertmanager {am})")
             raise typer.Exit(2) from None
         names = sorted({a["name"] for a in firing if a["state"] == "firing"} - {"Watchdog"})
-    results = [diagnose_alert(n, prom) for n in names]
+    results = [diagnose_alert(n, prom, localize) for n in names]
     if as_json:
         print(json.dumps(results))
     elif not results:

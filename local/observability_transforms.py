@@ -82,11 +82,21 @@ def scaled_expr(expr: str, min_range_s: float, min_step_s: float) -> str:
     return _RANGE.sub(one, expr)
 
 
-def rules(text: str, rendered_prometheus: Mapping[str, Any]) -> str:
-    """Transform 6 for a rules file: every `for` and every range scaled."""
+def _floors(rendered_prometheus: Mapping[str, Any]) -> tuple[float, float]:
     glob = rendered_prometheus.get("global") or {}
     min_range = MIN_RANGE_SCRAPES * seconds(glob.get("scrape_interval", "1m"))
-    min_step = seconds(glob.get("evaluation_interval", "1m"))
+    return min_range, seconds(glob.get("evaluation_interval", "1m"))
+
+
+def query(expr: str, rendered_prometheus: Mapping[str, Any]) -> str:
+    """Transform 6 for an ad-hoc query (a runbook's check) against the local Prometheus: its
+    ranges scaled as the rules' are, so it reads the window the local alert did."""
+    return scaled_expr(expr, *_floors(rendered_prometheus))
+
+
+def rules(text: str, rendered_prometheus: Mapping[str, Any]) -> str:
+    """Transform 6 for a rules file: every `for` and every range scaled."""
+    min_range, min_step = _floors(rendered_prometheus)
     doc = yaml.safe_load(text)
     for group in doc.get("groups") or []:
         if "interval" in group:

@@ -273,8 +273,10 @@ def _all_fire_and_resolve(
         for name in sorted({a["name"] for a in fired.values()}):
             _diagnosis_sees_trouble(stack, name)
     finally:
+        # from here the fault is being undone: a resolution may arrive while `undo` still
+        # waits for what it restarted (earlier episodes ended before `injected`: _quiet)
+        undone = time.time()
         undo()
-    undone = time.time()
     for what, (match, _) in expected.items():
         if what in fire_only:
             print(
@@ -641,7 +643,9 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
         # dead letters were refused sends: that page resolves once they leave its window
         for what, match in expected.items():
             dead_letter = what == alert_rules.DEAD_LETTER_UNAVAILABLE
-            since = _at(fired[what]["started_at"]) if dead_letter else undone
+            # (an episode before `injected` ended before it: _quiet; the read burn may end
+            # while the refusals are still being lifted)
+            since = _at(fired[what]["started_at"]) if dead_letter else injected
             done = _wait(stack, what, _after(match, since), "resolved", 240)
             _timing(what, fired[what]["started_at"], injected, done["ended_at"], undone)
     finally:
