@@ -25,10 +25,14 @@ from local.layout import HOST, REPO_ROOT, Layout
 
 
 def _write_if_changed(path: Path, text: str) -> bool:
+    """Replace the file whole (a temporary file renamed over it): Prometheus's file SD watches
+    these files and once read one half written ("unexpected end of JSON input")."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.read_text() == text:
         return False
-    path.write_text(text)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
     return True
 
 
