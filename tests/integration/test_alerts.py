@@ -620,6 +620,8 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
                     # (scaled) hour, the others hold while their faults do
                     for what, match in expected.items():
                         fired[what] = _wait(stack, what, match, "firing", 240)
+                    for name in sorted({a["name"] for a in fired.values()}):
+                        _diagnosis_sees_trouble(stack, name)
                 finally:
                     stack.up()
         undone = time.time()
