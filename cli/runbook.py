@@ -115,7 +115,7 @@ def load(path: Path) -> Runbook:
             check=str(raw["check"]),
             promql=_expand(str(raw["promql"]), where),
             trouble=_expand(str(raw["trouble"]), where),
-            reading=str(raw["reading"]),
+            reading=_expand(str(raw["reading"]), where),
             when_empty=str(raw.get("when_empty", "no data")),
         )
         if not _TROUBLE.match(c.trouble):

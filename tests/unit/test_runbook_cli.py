@@ -4,6 +4,7 @@ resolve, and a malformed one is refused naming the file and the field."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,19 @@ def test_every_runbook_loads_and_answers_the_alerts_the_rules_name() -> None:
     assert {a for rb in books for a in rb.alerts} == alerts
     for rb in books:
         for c in rb.checks:
-            assert "${" not in c.promql + c.trouble, (rb.slug, c.check)
+            assert "${" not in c.promql + c.trouble + c.reading, (rb.slug, c.check)
+
+
+def test_every_reading_is_written_with_the_labels_its_query_keeps() -> None:
+    """A trouble reading names only `value` and the labels the query aggregates by (or, for a
+    query that keeps its series' labels, instance): else on-call gets the raw sample."""
+    for rb in runbook.all_runbooks():
+        for c in rb.checks:
+            kept = {"instance"}
+            for group in re.findall(r"\bby \(([^)]*)\)", c.promql):
+                kept |= {label.strip() for label in group.split(",")}
+            labels = {k: "x" for k in kept}
+            assert c.reading.format(value=1.0, **labels), (rb.slug, c.check)
 
 
 def test_a_check_names_constants_so_a_renamed_metric_changes_the_runbook() -> None:
