@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli import stack_settings
+from cli import alerts, stack_settings
 
 OPERATOR_ENV = "LIKES_OPERATOR"
 RESULTS = ("ok", "failed")
@@ -91,15 +91,6 @@ def read(since: timedelta, now: datetime | None = None) -> list[dict[str, Any]]:
         cluster.shutdown()
 
 
-def _parse_since(value: str) -> timedelta:
-    from local import observability_transforms
-
-    try:
-        return timedelta(seconds=observability_transforms.seconds(value))
-    except observability_transforms.TransformError:
-        raise typer.BadParameter(f"{value!r} is not a duration like 30m, 1h or 2d") from None
-
-
 def audit(
     since: Annotated[str, typer.Option(help="How far back (30m, 1h, 2d).")] = "1d",
     as_json: Annotated[bool, typer.Option("--json", help="A JSON list of records.")] = False,
@@ -108,7 +99,7 @@ def audit(
 
     --json prints a list of objects with at (ISO 8601, UTC), who, command, args, result (ok |
     failed) and detail."""
-    window = _parse_since(since)
+    window = timedelta(seconds=alerts._parse_since(since))
     try:
         rows = read(window)
     except (ValueError, stack_settings.NoSettings) as e:
