@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from cli import alerts, audit, recount, runbook, slo, status
+from cli import alerts, audit, flags, recount, runbook, slo, status
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
 
 app = typer.Typer(
     help=(
-        "Operate the like platform: the local stack, the infra program, hot keys, recounts, "
-        "alerts and their runbooks."
+        "Operate the like platform: the local stack, the infra program, hot keys, kill switches, "
+        "recounts, alerts and their runbooks."
     ),
     no_args_is_help=True,
 )
@@ -20,6 +20,7 @@ app.add_typer(local_cli.app, name="local")
 app.add_typer(infra_cli.app, name="infra")
 app.add_typer(hotkeys_cli.app, name="hotkeys")
 app.add_typer(runbook.app, name="runbook")
+app.add_typer(flags.app, name="flags")
 app.command()(recount.recount)
 app.command()(alerts.alerts)
 app.command()(slo.slo)

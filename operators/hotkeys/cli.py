@@ -4,7 +4,6 @@ audit record (`likes audit`). Settings: the LIKES_* variables, else the local st
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -13,40 +12,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli import audit, stack_settings
-from services.contracts import etcd, hotkeys, keys
+from cli import etcd_commands
+from services.contracts import hotkeys, keys
 
 app = typer.Typer(help="Hot keys: what the sampler flagged, what the operator replicated/split.")
 console = Console()
 
-JsonOpt = typer.Option(False, "--json", help="machine-readable output")
-YesOpt = typer.Option(False, "--yes", "-y", help="do not ask for confirmation")
-
-
-class EtcdError(Exception):
-    """etcd did not answer."""
-
-
-async def _with_etcd(fn: Any) -> Any:
-    try:  # the LIKES_* variables (a pod's), else the local stack's
-        s = stack_settings.platform_settings()
-    except (ValueError, stack_settings.NoSettings) as e:
-        raise EtcdError(str(e)) from e
-    client = etcd.from_settings(s, timeout=2.0)
-    try:
-        return await fn(client)
-    except Exception as e:
-        raise EtcdError(f"etcd {s.etcd_host}:{s.etcd_port}: {e!r}") from e
-    finally:
-        await client.close()
-
-
-def _run(fn: Any) -> Any:
-    try:
-        return asyncio.run(_with_etcd(fn))
-    except EtcdError as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from e
+JsonOpt, YesOpt = etcd_commands.JsonOpt, etcd_commands.YesOpt
 
 
 async def _prefix(client: aetcd.Client, prefix: str) -> dict[str, bytes]:
@@ -85,9 +57,9 @@ def _table(rows: list[dict[str, Any]]) -> Table:
 @app.command()
 def top(limit: int = typer.Option(20, "--limit", "-n"), as_json: bool = JsonOpt) -> None:
     """The hottest posts (sampler's estimate), with what the operator did about them."""
-    rows = sorted(_run(_snapshot).values(), key=lambda r: (-(r["rate"] or 0.0), r["post_id"]))[
-        :limit
-    ]
+    rows = sorted(
+        etcd_commands.run(_snapshot).values(), key=lambda r: (-(r["rate"] or 0.0), r["post_id"])
+    )[:limit]
     if as_json:
         typer.echo(json.dumps(rows))
     else:
@@ -97,29 +69,13 @@ def top(limit: int = typer.Option(20, "--limit", "-n"), as_json: bool = JsonOpt)
 @app.command()
 def show(post_id: str, as_json: bool = JsonOpt) -> None:
     """One post's hot-key state (not hot: every field empty)."""
-    row = _run(_snapshot).get(post_id) or {
+    row = etcd_commands.run(_snapshot).get(post_id) or {
         "post_id": post_id, "rate": None, "heat": None, "split": None, "hot_pools": [],
     }  # fmt: skip
     if as_json:
         typer.echo(json.dumps(row))
     else:
         console.print(_table([row]))
-
-
-def _audited(command: str, args: dict[str, Any], fn: Any) -> Any:
-    """_run(fn), with an audit record of what came of it (cli/audit.py)."""
-    try:
-        done = _run(fn)
-    except typer.Exit:
-        audit.record(command, args, "failed", "etcd did not answer")
-        raise
-    audit.record(command, args, "ok", done)
-    return done
-
-
-def _confirm(what: str, yes: bool) -> None:
-    if not yes and not typer.confirm(what):
-        raise typer.Abort()
 
 
 @app.command()
@@ -130,13 +86,13 @@ def split(
     as_json: bool = JsonOpt,
 ) -> None:
     """Spread a post's writes over `factor` sub-keys (manual: the operator will not undo it)."""
-    _confirm(f"split {post_id} over {factor} sub-keys?", yes)
+    etcd_commands.confirm(f"split {post_id} over {factor} sub-keys?", yes)
     flag = hotkeys.SplitFlag(factor, "manual", hotkeys.now_ms())
 
     async def put(client: aetcd.Client) -> None:
         await client.put((keys.SPLIT_PREFIX + post_id).encode(), flag.encode())
 
-    _audited("hotkeys split", {"post_id": post_id, "factor": factor}, put)
+    etcd_commands.audited("hotkeys split", {"post_id": post_id, "factor": factor}, put)
     result = {"post_id": post_id, "split": {"factor": factor, "by": "manual"}}
     typer.echo(json.dumps(result) if as_json else f"split {post_id} (factor {factor})")
 
@@ -144,11 +100,11 @@ def split(
 @app.command()
 def unsplit(post_id: str, yes: bool = YesOpt, as_json: bool = JsonOpt) -> None:
     """Remove a post's split flag (counts stay exact: the aggregator sums every shard)."""
-    _confirm(f"unsplit {post_id}?", yes)
+    etcd_commands.confirm(f"unsplit {post_id}?", yes)
 
     async def delete(client: aetcd.Client) -> bool:
         return bool(await client.delete((keys.SPLIT_PREFIX + post_id).encode()))
 
-    existed = _audited("hotkeys unsplit", {"post_id": post_id}, delete)
+    existed = etcd_commands.audited("hotkeys unsplit", {"post_id": post_id}, delete)
     result = {"post_id": post_id, "removed": existed}
     typer.echo(json.dumps(result) if as_json else f"unsplit {post_id}: removed={existed}")

@@ -17,8 +17,8 @@ from prometheus_client import Counter, Gauge
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from operators.hotkeys.reconciler import EtcdUnavailable, Reconciler
 from operators.hotkeys.settings import OperatorSettings
-from services.common import observability, worker_http
-from services.contracts import keys
+from services.common import observability, switches, worker_http
+from services.contracts import flags, keys
 from services.contracts import metrics as metric_names
 from services.contracts.workloads import HOTKEY_OPERATOR as WORKLOAD
 
@@ -66,6 +66,9 @@ async def run(interval_s: float, host: str, port: int) -> None:
                 state["passes"] += 1
                 HOT_KEYS.set(len(report.hot_keys))
                 SPLIT_KEYS.set(len(report.split))
+                engaged = flags.engaged_by(reconciler.switches)
+                for s in flags.Switch:
+                    switches.export(s.value, 1.0 if s in engaged else 0.0)
                 if report.promoted or report.demoted:
                     log.info("hot set changed", extra={"fields": report.status()})
                 if report.errors:

@@ -5,6 +5,11 @@ Runs the same inside the Kopf operator (a timer per HotKeyPolicy) and as the loc
 `hotpool/` and `split/` keys on start, so a restarted operator neither drops nor re-promotes.
 While etcd is unreachable it keeps refreshing the replicas of the last good hot set for the
 grace period, changes nothing, and raises EtcdUnavailable for the caller to retry.
+
+The `hotkeys-freeze` kill switch (or `panic`) freezes it: no promotion, demotion, split or
+unsplit, while the replicas of the current hot set are kept fresh. The switches are read with the
+hot set each pass, and the last value read holds through an etcd outage (services/contracts/
+flags.py).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from operators.hotkeys.hot_pools import HotPools, source_cluster
 from operators.hotkeys.policy import Policy
 from operators.hotkeys.settings import OperatorSettings
 from services.common import observability
-from services.contracts import etcd, hotkeys, keys
+from services.contracts import etcd, flags, hotkeys, keys
 
 RECONCILE_SPAN = "hotkeys reconcile"  # a pass that did something (Reconciler.tick)
 
@@ -45,6 +50,7 @@ class Report:
     capped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     at: str = ""
+    frozen: bool = False
 
     def status(self) -> dict[str, Any]:
         return {
@@ -55,6 +61,7 @@ class Report:
             "lastDemoted": self.demoted,
             "capped": len(self.capped),
             "errors": self.errors[-10:],
+            "frozen": self.frozen,
         }
 
 
@@ -84,6 +91,11 @@ class Reconciler:
         self._restored = False
         self._unreachable = False  # the last pass could not reach etcd
         self._etcd: aetcd.Client | None = None
+        self.switches: dict[str, flags.State] = {}  # the last read: kept through an outage
+
+    @property
+    def frozen(self) -> bool:
+        return flags.Switch.HOTKEYS_FREEZE in flags.engaged_by(self.switches)
 
     @classmethod
     def from_settings(cls, settings: OperatorSettings) -> Reconciler:
@@ -167,6 +179,7 @@ class Reconciler:
         try:
             if not self._restored:
                 await self._restore(now)
+            switches = await self._prefix(flags.PREFIX)
             raw = await self._prefix(keys.HOTKEYS_PREFIX)
             splits = await self._prefix(keys.SPLIT_PREFIX)
         except Exception as e:
@@ -175,9 +188,23 @@ class Reconciler:
             held = self.last_good.get()
             await self._refresh(policy, held, [])
             raise EtcdUnavailable(f"etcd {self.etcd_host}:{self.etcd_port}: {e!r}") from e
+        self.switches = {
+            name: state for name, raw_state in switches.items()
+            if (state := flags.decode(raw_state)) is not None
+        }  # fmt: skip
+        errors: list[str] = []
+        if self.frozen:  # on-call's lever: keep the hot set as it is, and its copies fresh
+            await self._refresh(policy, self.state, errors)
+            self.last_good.ok(self.state)
+            return Report(
+                hot_keys=sorted(self.state),
+                split=sorted(p for p, e in self.state.items() if e.split),
+                errors=errors,
+                at=_iso(),
+                frozen=True,
+            )
         observed = {p: hotkeys.decode_hot(v) for p, v in raw.items()}
         plan = decide(policy, observed, self.state, now)
-        errors: list[str] = []
         try:
             await self._apply(policy, plan, splits, errors)
         except Exception as e:

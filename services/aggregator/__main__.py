@@ -8,8 +8,8 @@ import threading
 
 from services.aggregator.main import build
 from services.aggregator.settings import AggregatorSettings
-from services.common import heap, observability, worker_http
-from services.contracts import workloads
+from services.common import heap, observability, switches, worker_http
+from services.contracts import clients, flags, workloads
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> None:
     log = observability.setup_logging(workloads.AGGREGATOR.name, settings.log_level)
     observability.setup_tracing(workloads.AGGREGATOR.name, settings.otlp_endpoint)
     agg, cluster = build(settings)
+    kill = switches.in_thread(flags.from_settings(settings, gauge=switches.export))
+    if isinstance(agg.deserialize, clients.LikeDeserializer):
+        kill.on_change(switches.flush_on_set(agg.deserialize.flush))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

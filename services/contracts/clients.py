@@ -291,6 +291,12 @@ class LikeDeserializer:
             raise SerializationError(f"decoded to {type(record).__name__}, not a record")
         return events.LikeEvent.from_dict(record)
 
+    def flush(self) -> None:
+        """Forget every writer schema (the `schema-cache-flush` kill switch): the next message
+        of each id fetches it from the registry again."""
+        self._writers = {}
+        self.client.clear_caches()
+
 
 def like_deserializer(client: SchemaRegistryClient) -> LikeDeserializer:
     return LikeDeserializer(client)

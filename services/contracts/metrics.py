@@ -105,3 +105,8 @@ OTELCOL_TRACES_SAMPLED = "otelcol_processor_tail_sampling_global_count_traces_sa
 OTELCOL_SEND_FAILED_SPANS = "otelcol_exporter_send_failed_spans"
 TRACES_KEPT_PER_SECOND = "likes_traces_kept_per_second"
 OTLP_EXPORT_FAILURES = "likes_otlp_export_failures"
+
+# every workload that honors a kill switch (services/contracts/flags.py), label switch: 1 on
+KILL_SWITCH = "likes_kill_switch"
+# the write service's and the aggregator's schema caches dropped by schema-cache-flush
+SCHEMA_CACHE_FLUSHES = "likes_schema_cache_flushes_total"

@@ -127,7 +127,7 @@ AGGREGATOR = Workload(
     "services.aggregator.settings:AggregatorSettings",
     OPS_PORT,
     uses=("count_cache_nodes", "hot_pools", "cassandra_hosts", "kafka_bootstrap",
-          "schema_registry_url", "cloudflare_api_url", TRACES),
+          "schema_registry_url", "etcd_host", "cloudflare_api_url", TRACES),
 )  # fmt: skip
 CONSUMER_LAG = Workload(
     "consumer-lag",

@@ -17,8 +17,8 @@ from fastapi import Body, FastAPI, Query, Request
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, Field
 
-from services.common import heap, http, observability
-from services.contracts import etcd, routes
+from services.common import heap, http, observability, switches
+from services.contracts import etcd, flags, routes
 from services.contracts import metrics as metric_names
 from services.contracts.workloads import HOTKEY_SAMPLER as WORKLOAD
 from services.hotkey_sampler.publisher import EtcdPublisher
@@ -43,8 +43,14 @@ class Hot(BaseModel):
 
 
 async def publish_loop(
-    window: DecayingTopK, publisher: EtcdPublisher, cfg: SamplerSettings
+    window: DecayingTopK,
+    publisher: EtcdPublisher,
+    cfg: SamplerSettings,
+    kill: flags.Switches | None = None,
 ) -> None:
+    """Publishes the window's top every interval. With `sampler-off` (or `panic`) engaged it
+    publishes an empty top: what it had published is withdrawn at the next turn, and the window
+    keeps sampling, so switching it back on publishes a current top at once."""
     failing = False
     while True:
         try:
@@ -56,6 +62,8 @@ async def publish_loop(
                 cfg.sampler_min_rate,
                 exit_rate,
             )
+            if kill is not None and kill.engaged(flags.Switch.SAMPLER_OFF):
+                top = []
             await publisher.publish(top, cfg.sampler_heat_rate)
             PUBLISHED.set(len(publisher.published.rates))
             if failing:
@@ -92,8 +100,10 @@ def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
             credentials=etcd.credentials(cfg),
             ca_file=cfg.tls_ca_file,
         )
+        kill = flags.from_settings(cfg, gauge=switches.export)
+        await kill.start()
         app.state.window, app.state.publisher = window, publisher
-        task = asyncio.create_task(publish_loop(window, publisher, cfg), name="publish")
+        task = asyncio.create_task(publish_loop(window, publisher, cfg, kill), name="publish")
         heap.settle()
         try:
             yield
@@ -102,6 +112,7 @@ def create_app(cfg: SamplerSettings | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await publisher.close()  # a clean stop revokes the lease: flags go at once
+            await kill.close()
 
     app = FastAPI(
         title="likes hot-key sampler",

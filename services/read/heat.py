@@ -19,7 +19,7 @@ from typing import Protocol
 
 import aetcd
 
-from services.contracts import etcd, keys
+from services.contracts import etcd, flags, keys
 from services.contracts.hotkeys import GRACE_S, LastGood
 
 log = logging.getLogger("read.heat")
@@ -63,6 +63,25 @@ class StaticHeat:
 
     async def close(self) -> None:
         return None
+
+
+class SwitchedHeat:
+    """`inner`, unless the `panic` kill switch is engaged: then every post is cold (the hints are
+    runtime control state, which panic stops relying on)."""
+
+    def __init__(self, inner: HeatSource, switches: flags.Switches) -> None:
+        self.inner, self.switches = inner, switches
+
+    def ttl(self, post_id: str) -> int:
+        if self.switches.engaged(flags.Switch.PANIC):
+            return COLD_TTL_S
+        return self.inner.ttl(post_id)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 class EtcdHeat:

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from services.contracts import hotkeys, keys
+from services.contracts import flags, hotkeys, keys
 from services.contracts import metrics as metric_names
 from services.read.core import Aggregate, CountCache
 from services.read.metrics import Children
@@ -82,10 +82,13 @@ class HotPoolCountCache:
         password: str | None = None,
         pools: Sequence[str] = (),
         local_heat: LocalHeat | None = None,
+        switches: flags.Switches | None = None,
     ) -> None:
         """`pools`: every hot pool's host:port, read for a post this pod finds hot on its own
-        (`local_heat`); without them only the operator's flags route reads to the pools."""
+        (`local_heat`); without them only the operator's flags route reads to the pools. With the
+        `panic` kill switch engaged in `switches`, every read goes to the count-cache."""
         self.inner, self.view, self.timeout_s = inner, view, timeout_s
+        self.switches = switches
         self.password = password
         self.pools = list(pools)
         self.local_heat = local_heat if local_heat is not None else LocalHeat()
@@ -120,6 +123,8 @@ class HotPoolCountCache:
         return agg
 
     async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:
+        if self.switches is not None and self.switches.engaged(flags.Switch.PANIC):
+            return await self.inner.aggregates(post_ids)
         flagged = self.view.current()
         hot: dict[str, list[str]] = {}
         for p in post_ids:

@@ -15,13 +15,13 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common import heap, http, observability
-from services.contracts import etcd, workloads
+from services.common import heap, http, observability, switches
+from services.contracts import etcd, flags, workloads
 from services.contracts import hotkeys as hotkey_flags
 from services.contracts.settings import HotPoolSettings
 from services.read import api, fast, hotkeys
 from services.read.core import Reader
-from services.read.heat import EtcdHeat, HeatSource
+from services.read.heat import EtcdHeat, HeatSource, SwitchedHeat
 from services.read.metrics import DEGRADED
 from services.read.stores import CassandraStore, FilterRebuilder, RedisCountCache
 
@@ -101,6 +101,9 @@ def create_app(
         )  # fmt: skip
         await store.start()  # connects in the background: the service answers without Cassandra
         await cache.warm_up()
+        kill = flags.from_settings(settings, gauge=switches.export)
+        await kill.start()
+        heat_source = SwitchedHeat(heat_source, kill)
         await heat_source.start()
         pools_view = hotkey_flags.PrefixView(
             settings.etcd_host, settings.etcd_port, hotkey_flags.HOTPOOL_PREFIX,
@@ -113,6 +116,7 @@ def create_app(
             pools_view,
             password=settings.redis_auth,
             pools=[f"{h}:{p}" for h, p in settings.hot_pool_addresses],
+            switches=kill,
         )
         app.state.settings = settings
         app.state.cache, app.state.store, app.state.heat = cache, store, heat_source
@@ -127,6 +131,7 @@ def create_app(
             await pools_view.close()
             await hot_cache.close()
             await heat_source.close()
+            await kill.close()
             await store.close()
             await cache.close()
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.http import ApiError
-from services.contracts import auth, keys, routes
+from services.contracts import auth, flags, keys, routes
 from services.write import core
 
 router = APIRouter(prefix=routes.API_PREFIX, tags=["likes"])
@@ -60,6 +60,14 @@ async def post_like(
     """Like or unlike a post as the caller. A replay of the same Idempotency-Key returns the
     first answer and changes nothing."""
     settings = request.app.state.settings
+    if request.app.state.switches.engaged(flags.Switch.WRITES_READONLY):
+        raise ApiError(
+            503,
+            "writes_readonly",
+            "writes are switched off for now (kill switch writes-readonly); nothing was "
+            "written, retry later with the same Idempotency-Key",
+            headers={"Retry-After": str(flags.RETRY_AFTER_S)},
+        )
     try:
         user_id = auth.verify(settings, authorization)
     except auth.AuthError as e:

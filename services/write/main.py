@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from services.common import clock, heap, http, observability
-from services.contracts import clients, convergence, workloads
+from services.common import clock, heap, http, observability, switches
+from services.contracts import clients, convergence, flags, workloads
 from services.contracts.settings import Settings
 from services.write import api, core, splits
 
@@ -31,7 +31,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         split_view = splits.split_view(settings)
         await split_view.start()  # polls in the background; no etcd → nothing split
-        app.state.settings = settings
+        kill = flags.from_settings(settings, gauge=switches.export)
+        await kill.start()
+        app.state.settings, app.state.switches = settings, kill
         app.state.writer = core.LikeWriter(
             session=session,
             idem=clients.idem_store(settings),
@@ -39,11 +41,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             serialize=serializer,
             region=settings.region,
             count_cache=clients.count_cache(settings),
-            shard_for=splits.SplitRouter(split_view).shard_for,
+            shard_for=splits.SplitRouter(split_view, kill).shard_for,
         )
+
+        def flush_schemas() -> None:  # the schema id is looked up again on the next write
+            registry.clear_caches()
+            app.state.writer.serialize = clients.like_serializer(registry)
+
+        kill.on_change(switches.flush_on_set(flush_schemas))
         app.state.clock = clock.EdgeStoreClock(session)
         heap.settle()
         yield
+        await kill.close()
         await split_view.close()
         publisher.close()
         cluster.shutdown()

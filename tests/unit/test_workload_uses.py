@@ -17,7 +17,7 @@ from services.contracts import workloads
 
 ROOT = Path(__file__).resolve().parents[2]
 # services/contracts modules taking settings
-CONTRACT_HELPERS = ("clients", "etcd", "auth", "kafka", "registry")
+CONTRACT_HELPERS = ("clients", "etcd", "auth", "kafka", "registry", "flags")
 # settings properties that read a server field
 PROPERTIES = {
     "count_cache_startup": "count_cache_nodes",
