@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import alerts, audit, flags, recount, runbook, slo, status
+from cli import alerts, audit, dlq, flags, recount, runbook, slo, status
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
@@ -12,7 +12,7 @@ from operators.hotkeys import cli as hotkeys_cli
 app = typer.Typer(
     help=(
         "Operate the like platform: the local stack, the infra program, hot keys, kill switches, "
-        "recounts, alerts and their runbooks."
+        "dead letters, recounts, alerts and their runbooks."
     ),
     no_args_is_help=True,
 )
@@ -21,6 +21,7 @@ app.add_typer(infra_cli.app, name="infra")
 app.add_typer(hotkeys_cli.app, name="hotkeys")
 app.add_typer(runbook.app, name="runbook")
 app.add_typer(flags.app, name="flags")
+app.add_typer(dlq.app, name="dlq")
 app.command()(recount.recount)
 app.command()(alerts.alerts)
 app.command()(slo.slo)

@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from services.aggregator import metrics
+from services.contracts import dlq, kafka, workloads
 from services.contracts.events import LikeEvent
 
 log = logging.getLogger("aggregator.dlq")
@@ -23,20 +24,22 @@ def headers(
     attempts: int,
     event: LikeEvent | None,
     original: list[tuple[str, Any]] | None = None,
+    group: str = kafka.AGGREGATOR_GROUP,
 ) -> list[tuple[str, str | bytes | None]]:
     out: list[tuple[str, str | bytes | None]] = list(original or [])
     out += [
-        ("dlq.source.topic", msg_topic.encode()),
-        ("dlq.source.partition", str(partition).encode()),
-        ("dlq.source.offset", str(offset).encode()),
-        ("dlq.error", error[:1000].encode()),
-        ("dlq.attempts", str(attempts).encode()),
-        ("dlq.consumer", b"aggregator"),
+        (dlq.SOURCE_TOPIC, msg_topic.encode()),
+        (dlq.SOURCE_PARTITION, str(partition).encode()),
+        (dlq.SOURCE_OFFSET, str(offset).encode()),
+        (dlq.ERROR, error[: dlq.ERROR_MAX].encode()),
+        (dlq.ATTEMPTS, str(attempts).encode()),
+        (dlq.CONSUMER, workloads.AGGREGATOR.name.encode()),
+        (dlq.GROUP, group.encode()),
     ]
     if event is not None:
         out += [
-            ("dlq.event_id", event.event_id.encode()),
-            ("dlq.intent_uuid", event.intent_uuid.encode()),
+            (dlq.EVENT_ID, event.event_id.encode()),
+            (dlq.INTENT_UUID, event.intent_uuid.encode()),
         ]
     return out
 
@@ -47,10 +50,17 @@ def _original_headers(msg: Message) -> list[tuple[str, Any]]:
 
 
 class DeadLetter:
-    def __init__(self, producer: Producer, topic: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        timeout_s: float = 10.0,
+        group: str = kafka.AGGREGATOR_GROUP,
+    ) -> None:
         self.producer = producer
         self.topic = topic
         self.timeout_s = timeout_s
+        self.group = group  # the consumer group a replay goes back to
 
     def send_reference(
         self, topic: str, partition: int, offset: int, key: bytes, error: str
@@ -58,7 +68,10 @@ class DeadLetter:
         """A message found poison after it was decoded (at flush time: the window holds no
         message bytes): the record carries where it is (`dlq.source.*`) and an empty value;
         the source topic still holds the message for `likes dlq replay`."""
-        hs = [*headers(topic, partition, offset, error, 1, None), ("dlq.reference", b"1")]
+        hs = [
+            *headers(topic, partition, offset, error, 1, None, group=self.group),
+            (dlq.REFERENCE, b"1"),
+        ]
         return self._publish(key, None, hs, topic, partition, offset, error)
 
     def send(self, msg: Message, error: str, attempts: int, event: LikeEvent | None) -> bool:
@@ -66,7 +79,7 @@ class DeadLetter:
         in full (the last resort the seed names) and the partition still moves on."""
         hs = headers(
             msg.topic() or "", msg.partition() or 0, msg.offset() or 0, error, attempts, event,
-            _original_headers(msg),
+            _original_headers(msg), self.group,
         )  # fmt: skip
         return self._publish(
             msg.key(), msg.value(), hs, msg.topic() or "", msg.partition() or 0,

@@ -73,7 +73,7 @@ def build(s: AggregatorSettings, **consumer_overrides: Any) -> tuple[Aggregator,
         store=CounterStore(session, s.agg_store_concurrency),
         cache=AggregateWriter(rc, s.agg_cache_ttl_s),
         purger=make_purger(s, rc),
-        dead_letter=DeadLetter(clients.producer(s), s.dead_letter_topic),
+        dead_letter=DeadLetter(clients.producer(s), s.dead_letter_topic, group=s.agg_group_id),
         mirror=HotPoolMirror(s.hot_pool_addresses, s.redis_auth)
         if s.agg_always_replicate and s.hot_pools
         else None,

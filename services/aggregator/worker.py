@@ -62,7 +62,7 @@ from services.aggregator.settings import AggregatorSettings
 from services.aggregator.store import CellRow, CounterStore, Plan, PoisonPosts
 from services.common import observability
 from services.common.worker_http import LoopHealth
-from services.contracts import bloom
+from services.contracts import bloom, dlq
 from services.contracts.events import LikeEvent
 
 log = logging.getLogger("aggregator")
@@ -376,6 +376,11 @@ class Aggregator:
     def _handle(self, m: Message, tp: TP) -> None:
         st = self.parts[tp]
         offset = m.offset() or 0
+        if dlq.replay_for_another_group(m.headers(), self.s.agg_group_id):
+            # another group's replay (`likes dlq replay`): this group had the original
+            if offset >= st.warm_until:
+                self.windower.current.consumed(tp, offset)
+            return
         ts_type, ts = m.timestamp()
         warm = offset < st.warm_until
         try:

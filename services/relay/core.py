@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import Counter, Gauge
 
 from services.common import observability
-from services.contracts import convergence, events, workloads
+from services.contracts import convergence, dlq, events, workloads
 from services.contracts import metrics as names
 from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED
 from services.relay.leases import ShardLeases
@@ -298,22 +298,22 @@ class OutboxRelay:
         (a replay publishes it to dlq.source.topic) or, if Kafka refuses that too (too large),
         only the reference to the outbox row, which stays in the edge-store."""
         hs: list[tuple[str, str | bytes | None]] = [
-            ("dlq.source", DEAD_LETTER_SOURCE.encode()),
-            ("dlq.source.topic", (row.topic or "").encode()),
-            ("dlq.consumer", workloads.OUTBOX_RELAY.name.encode()),
-            ("dlq.error", f.error[:1000].encode()),
-            ("dlq.attempts", str(f.attempts).encode()),
-            ("dlq.event_id", str(m.event_id).encode()),
-            ("dlq.outbox.user_id", str(m.user_id).encode()),
-            ("dlq.outbox.bucket", str(bucket).encode()),
-            ("dlq.outbox.shard", str(shard).encode()),
+            (dlq.SOURCE, DEAD_LETTER_SOURCE.encode()),
+            (dlq.SOURCE_TOPIC, (row.topic or "").encode()),
+            (dlq.CONSUMER, workloads.OUTBOX_RELAY.name.encode()),
+            (dlq.ERROR, f.error[: dlq.ERROR_MAX].encode()),
+            (dlq.ATTEMPTS, str(f.attempts).encode()),
+            (dlq.EVENT_ID, str(m.event_id).encode()),
+            (dlq.OUTBOX_USER_ID, str(m.user_id).encode()),
+            (dlq.OUTBOX_BUCKET, str(bucket).encode()),
+            (dlq.OUTBOX_SHARD, str(shard).encode()),
         ]
         if row.intent_uuid is not None:
-            hs.append(("dlq.intent_uuid", str(row.intent_uuid).encode()))
+            hs.append((dlq.INTENT_UUID, str(row.intent_uuid).encode()))
         if row.traceparent is not None:  # a replay continues the write's trace
             hs.append(("traceparent", row.traceparent.encode()))
         key = row.kafka_key or str(m.user_id)
-        reference: list[tuple[str, str | bytes | None]] = [("dlq.reference", b"1")]
+        reference: list[tuple[str, str | bytes | None]] = [(dlq.REFERENCE, b"1")]
         for value, extra in ((row.payload, []), (None, reference)):
             fut = self.publisher.publish(self.dead_letter_topic, key, value, headers=hs + extra)
             try:
