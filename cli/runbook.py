@@ -14,10 +14,22 @@ infra/alert_rules.py by tests/infra/test_alert_rules.py) and `diagnose`, a list 
                                             an ok sample is shown raw)
     when_empty: ok | trouble | no data     (what no sample means; default "no data")
 
+and `mitigate`, a list of steps, each
+
+    step: what it does and when to take it
+    run: likes flags set writes-readonly on  (a `likes` command; `{name}` placeholders are
+                                              filled with `--arg name=value`)
+    mutates: true | false                    (a mutating step asks first, and is audited)
+
+then `escalate` (when, and to whom) and `links` (paths in this repository or URLs).
+
 `diagnose` runs every check against Prometheus and prints each reading with its verdict: ok,
 trouble, no data, or error (the query failed). Without ALERT it diagnoses what `likes alerts`
-shows firing. Addresses default to the local stack (LIKES_HOME / LIKES_PORT_OFFSET), whose
-queries get its rules' time scale (local/observability_transforms.py, transform 6).
+shows firing. `run ALERT --step N` runs mitigation N: a mutating one after a confirmation (--yes
+skips it; the command then runs with --yes), with an audit record of the step and its exit
+status (the command writes its own too). Addresses default to the local stack (LIKES_HOME /
+LIKES_PORT_OFFSET), whose queries get its rules' time scale (local/observability_transforms.py,
+transform 6).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import json
 import operator
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +54,20 @@ REPO = Path(__file__).resolve().parent.parent
 RUNBOOK_DIR = REPO / "runbooks"
 VERDICTS = ("ok", "trouble", "no data", "error")
 _EMPTY = ("ok", "trouble", "no data")
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# commands that change the platform: a step running one must say `mutates: true` (and the reverse)
+MUTATING = (
+    ("flags", "set"), ("flags", "unset"), ("dlq", "replay"), ("hotkeys", "split"),
+    ("hotkeys", "unsplit"), ("recount", "--repair"), ("local", "stop"), ("local", "up"),
+)  # fmt: skip
 _CONSTANT = re.compile(r"\$\{(metrics|rules|kafka)\.([A-Z][A-Z0-9_]*)\}")
 _TROUBLE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?[0-9.eE+-]+)\s*$")
 _OPS = {">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le,
         "==": operator.eq, "!=": operator.ne}  # fmt: skip
 
-app = typer.Typer(help="The on-call runbooks: list them, read one, run its checks.")
+app = typer.Typer(
+    help="The on-call runbooks: list them, read one, run its checks, carry out its mitigations."
+)
 console = Console()
 err = Console(stderr=True)
 
@@ -70,12 +91,32 @@ class Check:
 
 
 @dataclass(frozen=True)
+class Step:
+    step: str
+    run: str
+    mutates: bool
+
+    @property
+    def placeholders(self) -> list[str]:
+        return _PLACEHOLDER.findall(self.run)
+
+    def argv(self, values: dict[str, str]) -> list[str]:
+        """The command's arguments after `likes`, placeholders filled; KeyError names one
+        without a value."""
+        words = shlex.split(self.run)[1:]
+        return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], w) for w in words]
+
+
+@dataclass(frozen=True)
 class Runbook:
     slug: str
     path: Path
     alerts: tuple[str, ...]
     checks: tuple[Check, ...] = field(default=())
     body: str = ""
+    mitigations: tuple[Step, ...] = field(default=())
+    escalate: str = ""
+    links: tuple[str, ...] = field(default=())
 
 
 def _constant(kind: str, name: str, where: str) -> str:
@@ -123,7 +164,33 @@ def load(path: Path) -> Runbook:
         if c.when_empty not in _EMPTY:
             raise RunbookError(f"{where}: when_empty must be one of {', '.join(_EMPTY)}")
         checks.append(c)
-    return Runbook(path.stem, path, tuple(alerts), tuple(checks), parts[2])
+    steps = []
+    for i, raw in enumerate(front.get("mitigate") or [], 1):
+        where = f"{path.name}: mitigate step {i}"
+        if not isinstance(raw, dict) or set(raw) != {"step", "run", "mutates"}:
+            raise RunbookError(f"{where}: needs exactly step, run and mutates")
+        step = Step(str(raw["step"]), str(raw["run"]), bool(raw["mutates"]))
+        if not step.run.startswith("likes "):
+            raise RunbookError(f"{where}: run {step.run!r} is not a `likes` command")
+        if step.mutates != is_mutating(step.run):
+            raise RunbookError(f"{where}: {step.run!r} is marked mutates: {step.mutates}")
+        steps.append(step)
+    links = front.get("links") or []
+    if not isinstance(links, list) or not all(isinstance(link, str) for link in links):
+        raise RunbookError(f"{path.name}: `links` must be a list of paths or URLs")
+    return Runbook(path.stem, path, tuple(alerts), tuple(checks), parts[2], tuple(steps),
+                   str(front.get("escalate") or "").strip(), tuple(links))  # fmt: skip
+
+
+def is_mutating(run: str) -> bool:
+    """Whether a `likes ...` command line changes the platform (MUTATING)."""
+    words = shlex.split(run)[1:]
+    for command, word in MUTATING:
+        if words[:1] == [command] and (
+            words[1:2] == [word] or (word.startswith("--") and word in words)
+        ):
+            return True
+    return False
 
 
 def all_runbooks(directory: Path = RUNBOOK_DIR) -> list[Runbook]:
@@ -232,6 +299,88 @@ def show(
         console.print("\n[bold]Checks[/bold] (likes runbook diagnose " + alert + ")")
         for i, c in enumerate(rb.checks, 1):
             console.print(f"{i}. {c.check}\n   [dim]{c.promql}[/dim]  trouble when {c.trouble}")
+    if rb.mitigations:
+        console.print(f"\n[bold]Mitigations[/bold] (likes runbook run {alert} --step N)")
+        for i, m in enumerate(rb.mitigations, 1):
+            kind = "[red]mutating[/red]" if m.mutates else "read-only"
+            console.print(f"{i}. {m.step} ({kind})\n   [dim]{m.run}[/dim]")
+    if rb.escalate:
+        console.print(f"\n[bold]Escalate[/bold]\n{rb.escalate}")
+    if rb.links:
+        console.print("\n[bold]Links[/bold]\n" + "\n".join(f"- {link}" for link in rb.links))
+
+
+def resolve(argv: list[str]) -> tuple[Any, list[str]]:
+    """The (click) command a `likes` argument list runs, and the words after its name; KeyError
+    names a word that is no command."""
+    import typer.main
+
+    from cli.main import app as root
+
+    cmd: Any = typer.main.get_command(root)
+    rest = list(argv)
+    while hasattr(cmd, "get_command") and rest and not rest[0].startswith("-"):
+        sub = cmd.get_command(cmd.context_class(cmd), rest[0])
+        if sub is None:
+            raise KeyError(rest[0])
+        cmd, rest = sub, rest[1:]
+    return cmd, rest
+
+
+@app.command()
+def run(
+    alert: Annotated[str, typer.Argument(help="An alert name, e.g. DeadLetterDailyGrowth.")],
+    step: Annotated[int, typer.Option("--step", help="The mitigation's number (see show).")],
+    arg: Annotated[
+        list[str] | None,
+        typer.Option("--arg", help="NAME=VALUE for a {NAME} placeholder of the step's command"),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Run mitigation N of ALERT's runbook. A mutating step asks first (--yes skips that and
+    passes --yes on), and leaves an audit record of the step and its exit status. Exits with
+    the command's status."""
+    from cli import audit
+
+    rb = _for(alert)
+    if not 1 <= step <= len(rb.mitigations):
+        raise typer.BadParameter(
+            f"{alert}'s runbook has {len(rb.mitigations)} mitigation(s)", param_hint="--step"
+        )
+    m = rb.mitigations[step - 1]
+    values = {}
+    for a in arg or []:
+        name, sep, value = a.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{a!r} is not NAME=VALUE", param_hint="--arg")
+        values[name] = value
+    missing = [p for p in m.placeholders if p not in values]
+    if missing:
+        raise typer.BadParameter(
+            f"the step runs `{m.run}`: give " + ", ".join(f"--arg {p}=..." for p in missing),
+            param_hint="--arg",
+        )
+    argv = m.argv(values)
+    command, _ = resolve(argv)
+    console.print(f"step {step}: {m.step}\n  likes {shlex.join(argv)}")
+    if m.mutates:
+        if not yes and not typer.confirm("This changes the platform. Run it?"):
+            raise typer.Abort()
+        if any(p.name == "yes" for p in command.params) and "--yes" not in argv:
+            argv.append("--yes")
+    code = _invoke(argv)
+    if m.mutates:
+        record = {"alert": alert, "step": step, "command": "likes " + shlex.join(argv)}
+        audit.record("runbook run", record, "ok" if code == 0 else "failed", {"exit": code})
+    raise typer.Exit(code)
+
+
+def _invoke(argv: list[str]) -> int:
+    """Run `likes ARGV` (its own process: its output, prompts and exit status are its own)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=REPO).returncode
 
 
 @app.command()

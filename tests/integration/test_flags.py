@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli import runbook
 from operators.hotkeys.local_loop import POLICY_KEY
 from services.client import LikesClient
 from services.contracts import flags, hotkeys, keys, routes, workloads
@@ -33,7 +34,14 @@ HONORING = (
     workloads.HOTKEY_OPERATOR,
     workloads.AGGREGATOR,
 )
+READ_LATENCY = "ReadLatencyBudgetBurn"
 SEEN_WITHIN_S = 10.0  # "within seconds": a 1 s poll, with room for a loaded machine
+
+
+def step(command: str) -> int:
+    """The number of the read-latency runbook's mitigation that runs `likes COMMAND`."""
+    steps = runbook.for_alert(READ_LATENCY).mitigations
+    return next(i for i, m in enumerate(steps, 1) if m.run.startswith(f"likes {command}"))
 
 
 def wait_for(check: Callable[[], T], what: str, timeout: float = SEEN_WITHIN_S) -> T:
@@ -157,7 +165,9 @@ def test_panic_is_honored_by_every_workload_and_lifted(stack: Stack, lifted: Non
     etcd_put(stack, keys.HEAT_PREFIX + hinted, b"hot")
     try:
         wait_for(lambda: anonymous_max_age(stack, hinted) == HOT_TTL_S, "the heat hint read")
-        flags_cli(stack, "set", "panic", "on", "--yes")
+        # on-call pulls the lever through the read-latency runbook's mitigation
+        pull = step("flags set panic on")
+        stack.cli("runbook", "run", READ_LATENCY, "--step", str(pull), "--yes")
         for w in HONORING:
             wait_for(lambda w=w: "panic" in engaged(stack, w), f"{w.name} sees panic")
         assert {"sampler-off", "hotkeys-freeze"} <= engaged(stack, workloads.HOTKEY_OPERATOR)
@@ -171,11 +181,17 @@ def test_panic_is_honored_by_every_workload_and_lifted(stack: Stack, lifted: Non
         # writes stay on under panic
         assert write(stack, f"panic-write-{tag}").status_code == 202
 
-        flags_cli(stack, "unset", "panic", "--yes")
+        stack.cli("runbook", "run", READ_LATENCY, "--step", str(step("flags unset panic")), "--yes")
         for w in HONORING:
             wait_for(lambda w=w: not engaged(stack, w), f"{w.name} lets panic go")
         wait_for(lambda: etcd_get(stack, hotkeys.HOTPOOL_PREFIX + flagged), "promoted once thawed")
         assert anonymous_max_age(stack, hinted) == HOT_TTL_S
+        trail = json.loads(stack.cli("audit", "--since", "10m", "--json").stdout)
+        runs = [r["args"] for r in trail if r["command"] == "runbook run"][:2]
+        assert [(r["alert"], r["step"]) for r in runs] == [
+            (READ_LATENCY, step("flags unset panic")),  # newest first
+            (READ_LATENCY, pull),
+        ]
     finally:
         for key in (keys.HEAT_PREFIX + hinted, keys.HOTKEYS_PREFIX + flagged, POLICY_KEY):
             etcd_put(stack, key, None)

@@ -86,3 +86,56 @@ def test_list_json_and_show_and_an_unknown_alert() -> None:
     assert metrics.AGGREGATOR_LOOP_TIMESTAMP in shown.stdout
     unknown = runner.invoke(app, ["runbook", "diagnose", "NoSuchAlert"])
     assert unknown.exit_code == 2 and "no runbook answers the alert 'NoSuchAlert'" in unknown.output
+
+
+def test_every_runbook_mitigates_escalates_and_links_to_what_exists() -> None:
+    repo = runbook.REPO
+    for rb in runbook.all_runbooks():
+        assert rb.mitigations, f"{rb.slug}: no mitigation"
+        assert rb.escalate, f"{rb.slug}: no escalation"
+        assert rb.links, f"{rb.slug}: no links"
+        for link in rb.links:
+            assert link.startswith("https://") or (repo / link).exists(), (rb.slug, link)
+
+
+def test_every_mitigation_is_a_likes_command_that_parses() -> None:
+    """Each step's command resolves to a `likes` command, and its arguments parse (placeholders
+    filled): a renamed command or option fails here, not at 3 a.m."""
+    for rb in runbook.all_runbooks():
+        for i, m in enumerate(rb.mitigations, 1):
+            argv = m.argv({p: "some-post" for p in m.placeholders})
+            command, rest = runbook.resolve(argv)
+            assert command.callback is not None, (rb.slug, i, m.run)
+            command.make_context("likes", list(rest))  # raises on an unknown option or argument
+            if m.mutates:
+                assert any(p.name == "yes" for p in command.params), (rb.slug, i, m.run)
+
+
+def test_a_step_marked_read_only_that_mutates_is_refused(tmp_path: Path) -> None:
+    front = (
+        "alerts: [X]\nmitigate:\n- step: off\n  run: likes flags set panic on\n  mutates: false\n"
+    )
+    with pytest.raises(runbook.RunbookError, match="marked mutates: False"):
+        runbook.load(_book(tmp_path, front))
+    assert runbook.is_mutating("likes recount p1 --repair")
+    assert not runbook.is_mutating("likes recount p1")
+    assert not runbook.is_mutating("likes flags get")
+
+
+def test_run_refuses_a_missing_step_or_value_and_a_declined_step_runs_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr(runbook, "_invoke", lambda argv: ran.append(argv) or 0)
+    out = runner.invoke(app, ["runbook", "run", "CanaryDrift", "--step", "99"])
+    assert out.exit_code == 2 and "mitigation(s)" in out.output
+    steps = runbook.for_alert("CanaryDrift").mitigations
+    needs_post = next(i for i, m in enumerate(steps, 1) if m.placeholders)
+    out = runner.invoke(app, ["runbook", "run", "CanaryDrift", "--step", str(needs_post)])
+    assert out.exit_code == 2 and "--arg post_id=" in out.output
+    args = ["runbook", "run", "CanaryDrift", "--step", str(needs_post), "--arg", "post_id=p1"]
+    out = runner.invoke(app, args, input="n\n")
+    assert out.exit_code == 1 and ran == []  # declined: nothing ran
+    read_only = next(i for i, m in enumerate(steps, 1) if not m.mutates)
+    out = runner.invoke(app, ["runbook", "run", "CanaryDrift", "--step", str(read_only)])
+    assert out.exit_code == 0 and ran == [runbook.shlex.split(steps[read_only - 1].run)[1:]]
