@@ -384,7 +384,7 @@ def plain_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
             # dead-letters counts its sends (likes_aggregator_dead_letter_total and the like)
             "alert": DEAD_LETTER_DAILY_GROWTH,
             "expr": (
-                'sum(increase({__name__=~"likes_.+_dead_letter_total"}[1d])) > '
+                f'sum(increase({{__name__=~"{metric_names.DEAD_LETTERS}"}}[1d])) > '
                 f"{DEAD_LETTER_DAILY_LIMIT}"
             ),
             "labels": {"severity": SEVERITY_PAGE, SERVICE_LABEL: AGGREGATOR},

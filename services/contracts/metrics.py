@@ -62,6 +62,9 @@ OUTBOX_RELAY_LOOP_TIMESTAMP = "likes_outbox_relay_loop_timestamp_seconds"
 # (the poison message is logged and skipped) and likes_outbox_dead_letter_failures_total (the row
 # stays and is retried)
 DEAD_LETTER_FAILURES = r"likes_.+_dead_letter_failures_total"
+# every consumer's dead-letter sends (likes_aggregator_dead_letter_total, likes_outbox_dead_letter_
+# total): a __name__ regex, what the DeadLetterDailyGrowth alert sums
+DEAD_LETTERS = r"likes_.+_dead_letter_total"
 AGGREGATOR_FLUSH_FAILURES = "likes_aggregator_flush_failures_total"
 AGGREGATOR_COMMIT_FAILURES = "likes_aggregator_commit_failures_total"
 OUTBOX_OLDEST_AGE = "likes_outbox_oldest_age_seconds"
