@@ -333,12 +333,14 @@ def _plan(tools: Tools, letter: Letter, fixes: dict[str, str], reconcile: bool) 
     return Plan(letter)
 
 
-def _publish(tools: Tools, plans: list[Plan], fixes: dict[str, str]) -> None:
+def _publish(tools: Tools, plans: list[Plan], fixes: dict[str, str]) -> list[tuple[str, int, int]]:
+    """Publish the plans' events; the (topic, partition, offset) each one landed at."""
     from confluent_kafka import Producer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     p = Producer({**tools.kafka, "enable.idempotence": True})
     failed: list[str] = []
+    landed: list[tuple[str, int, int]] = []
     for plan in plans:
         lt, event = plan.letter, plan.letter.event
         assert event is not None
@@ -353,14 +355,17 @@ def _publish(tools: Tools, plans: list[Plan], fixes: dict[str, str]) -> None:
         partition = _int(lt.h.get(dlq.SOURCE_PARTITION))
         kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
 
-        def done(e: Any, _m: Any, lid: str = lt.id) -> None:
+        def done(e: Any, m: Any, lid: str = lt.id) -> None:
             if e is not None:
                 failed.append(f"{lid}: {e}")
+            else:
+                landed.append((m.topic(), m.partition(), m.offset()))
 
         p.produce(topic, key=lt.key, value=value, headers=headers, on_delivery=done, **kwargs)
     left = p.flush(30)
     if left or failed:
         raise DlqError(f"Kafka did not take every replay ({left} unsent): {'; '.join(failed)}")
+    return landed
 
 
 @app.command()
@@ -410,7 +415,7 @@ def replay(
             raise typer.Abort()
         args = {"ids": [p.letter.id for p in go], "set": fixes, "reconcile": reconcile}
         try:
-            _publish(tools, go, fixes)
+            landed = _publish(tools, go, fixes)
         except DlqError as e:
             audit.record("dlq replay", args, "failed", str(e))
             err.print(f"[red]{e}[/red]")
@@ -422,7 +427,10 @@ def replay(
                              "topic": p.letter.h[dlq.SOURCE_TOPIC],
                              "group": p.letter.h.get(dlq.GROUP)})  # fmt: skip
         audit.record("dlq replay", args, "ok", {"replayed": replayed, "refused": refused})
-    reconciled = _reconcile(sorted({r["post_id"] for r in replayed})) if reconcile else None
+    reconciled = None
+    if reconcile and replayed:
+        _wait_counted(tools, landed)
+        reconciled = _reconcile(sorted({r["post_id"] for r in replayed}))
     result = {"replayed": replayed, "refused": refused, "reconciled": reconciled}
     if as_json:
         typer.echo(json.dumps(result))
@@ -433,6 +441,30 @@ def replay(
         for post, verdict in (reconciled or {}).items():
             console.print(f"reconciler on {post}: {verdict}")
     raise typer.Exit(EXIT_REFUSED if refused else EXIT_OK)
+
+
+def _wait_counted(tools: Tools, landed: list[tuple[str, int, int]], timeout_s: float = 60) -> None:
+    """Wait until the aggregator's group has committed past every replayed message (it commits
+    after the window that counted them is written), or `timeout_s`; the reconciler then reads
+    what the replay did."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**tools.kafka, "group.id": kafka.AGGREGATOR_GROUP, "enable.auto.commit": False})
+    try:
+        want = {(t, p): o for t, p, o in landed}
+        deadline = time.monotonic() + timeout_s
+        while want and time.monotonic() < deadline:
+            got = c.committed([TopicPartition(t, p) for t, p in want], timeout=10)
+            for tp in got:
+                if tp.offset > want.get((tp.topic, tp.partition), tp.offset):
+                    want.pop((tp.topic, tp.partition))
+            if want:
+                time.sleep(0.5)
+        if want:
+            err.print(f"[yellow]the aggregator has not read every replay in {timeout_s:.0f} s; "
+                      "the reconciler may see it in flight[/yellow]")  # fmt: skip
+    finally:
+        c.close()
 
 
 def _target(letter: Letter) -> str:

@@ -89,6 +89,7 @@ def main() -> None:
         count = r.json().get("count")
         return int(count) if count is not None else None
 
+    stop = worker_http.stop_event()
     canary = Canary(
         liked=lambda p: any(e.user_id == user and e.counts for e in post_edges(p)),
         truth=lambda p: recount.Truth.of(post_edges(p)).count,
@@ -96,8 +97,9 @@ def main() -> None:
         read=read,
         hold_s=settings.canary_hold_s,
         read_interval_s=settings.canary_read_interval_s,
+        sleep=stop.wait,  # a stop ends the hold at once
+        stopped=stop.is_set,
     )
-    stop = worker_http.stop_event()
     # a turn lasts the hold plus a few calls: fresher than that cannot be asked of the loop
     loop = worker_http.LoopHealth((), stale_after_s=2 * settings.canary_hold_s + 30)
     loop.turned()  # ready at once: the first turn takes the whole hold
@@ -109,6 +111,8 @@ def main() -> None:
             break
         with tracer.start_as_current_span("canary turn") as span:
             turn = canary.turn(post)
+            if turn.result == "stopped":
+                break
             span.set_attributes({"likes.post_id": post, "likes.canary.result": turn.result})
             if turn.result != "match":  # tail sampling keeps every error trace
                 span.set_status(trace.Status(trace.StatusCode.ERROR, turn.error or turn.result))

@@ -123,9 +123,17 @@ def test_a_poisoned_event_fixed_and_replayed_is_counted_once(stack: Stack) -> No
     assert client.count(old_post)["count"] == 0  # the refused one was not replayed
 
     trail = json.loads(stack.cli("audit", "--since", "10m", "--json").stdout)
-    replays = [r for r in trail if r["command"] == "dlq replay" and r["who"] == OPERATOR]
+    replays = [r for r in trail if r["command"] == "dlq replay" and r["who"] == OPERATOR
+               and r["args"]["ids"] == [mine["id"]]]  # fmt: skip
     assert len(replays) == 2 and all(r["result"] == "ok" for r in replays)
-    assert replays[0]["args"]["ids"] == [mine["id"]]
+    assert replays[0]["args"]["set"] == {"reaction": "like"}
+
+    # past the horizon, with the reconciler: replayed, then recounted. The event was produced
+    # straight to Kafka, with no like in the edge-store behind it: the reconciler says so
+    out = dlq_cli(stack, "replay", old_id, "--set", "reaction=like", "--reconcile", "--yes",
+                  "--json")  # fmt: skip
+    assert [r["id"] for r in out["replayed"]] == [old_id]
+    assert out["reconciled"] == {old_post: "drift"}
 
     report = dlq_cli(stack, "report", "--since", "10m", "--json")
     assert report["total"] >= 3 and report["by_consumer"].get("aggregator", 0) >= 3

@@ -107,3 +107,19 @@ def test_judge() -> None:
     assert judge(3, 3) == "match"
     assert judge(2, 3) == "drift"
     assert judge(None, 0) == "drift"  # no count after the hold is not the truth
+
+
+def test_a_stop_during_the_hold_ends_the_turn_at_once_and_judges_nothing() -> None:
+    stop = {"set": False}
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        stop["set"] = True  # SIGTERM arrives during the first wait
+
+    canary = Canary(
+        liked=lambda p: False, truth=lambda p: 1, write=lambda p, a: None, read=lambda p: 0,
+        hold_s=30.0, read_interval_s=2.0, sleep=sleep, stopped=lambda: stop["set"],
+    )  # fmt: skip
+    turn = canary.turn("p")
+    assert turn.result == "stopped" and slept == [2.0] and turn.truth is None
