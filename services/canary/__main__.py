@@ -111,11 +111,11 @@ def main() -> None:
             break
         with tracer.start_as_current_span("canary turn") as span:
             turn = canary.turn(post)
-            if turn.result == "stopped":
-                break
             span.set_attributes({"likes.post_id": post, "likes.canary.result": turn.result})
-            if turn.result != "match":  # tail sampling keeps every error trace
+            if turn.result in ("drift", "error"):  # tail sampling keeps every error trace
                 span.set_status(trace.Status(trace.StatusCode.ERROR, turn.error or turn.result))
+        if turn.result == "stopped":  # cut short by a stop: judged nothing, exported nothing
+            break
         export(turn)
         loop.turned()
         level = log.warning if turn.result != "match" else log.info
