@@ -43,6 +43,7 @@ err = Console(stderr=True)
 
 EXIT_OK, EXIT_REFUSED, EXIT_ERROR = 0, 1, 2
 READ_TIMEOUT_S = 30.0
+FIXED_FIELDS = ("event_id", "intent_uuid")  # who the event is: a replay never changes them
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 SinceOpt = typer.Option("1d", "--since", help="how far back (30m, 6h, 7d; the topic keeps 30d)")
 
@@ -242,7 +243,7 @@ def _fixed(event: events.LikeEvent, fixes: dict[str, str]) -> events.LikeEvent:
     kinds = {f.name: f.type for f in dataclasses.fields(events.LikeEvent)}
     changes: dict[str, Any] = {}
     for name, raw in fixes.items():
-        if name not in kinds or name in ("event_id", "intent_uuid"):
+        if name not in kinds or name in FIXED_FIELDS:
             raise ValueError(f"--set {name}: not a field a replay may change")
         changes[name] = int(raw) if kinds[name] in (int, "int") else raw
     return dataclasses.replace(event, **changes)
@@ -253,8 +254,8 @@ def _parse_fixes(values: list[str]) -> dict[str, str]:
     editable = [f.name for f in dataclasses.fields(events.LikeEvent)]
     for v in values:
         name, sep, raw = v.partition("=")
-        if not sep or name not in editable or name in ("event_id", "intent_uuid"):
-            allowed = ", ".join(n for n in editable if n not in ("event_id", "intent_uuid"))
+        if not sep or name not in editable or name in FIXED_FIELDS:
+            allowed = ", ".join(n for n in editable if n not in FIXED_FIELDS)
             raise typer.BadParameter(f"{v!r}: expected FIELD=VALUE, FIELD one of {allowed}")
         fixes[name] = raw
     return fixes

@@ -10,7 +10,6 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from cli import audit
 from services.client import LikesClient
 from services.contracts import clients, dlq, events, kafka, keys
 from tests.conftest import LIKES, Stack
+from tests.integration.test_flags import wait_for
 
 pytestmark = pytest.mark.stack
 
@@ -47,17 +47,6 @@ def dlq_cli(stack: Stack, *args: str, code: int = 0) -> Any:
                          timeout=300)  # fmt: skip
     assert out.returncode == code, f"likes dlq {args} exited {out.returncode}: {out.stderr}"
     return json.loads(out.stdout)
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.5)
 
 
 def test_a_poisoned_event_fixed_and_replayed_is_counted_once(stack: Stack) -> None:
@@ -92,7 +81,7 @@ def test_a_poisoned_event_fixed_and_replayed_is_counted_once(stack: Stack) -> No
                 by["garbage"] = lt
         return by if len(by) == 3 else {}
 
-    found = wait_for(letters, "the three dead letters listed")
+    found = wait_for(letters, "the three dead letters listed", 60)
     mine = found[poison.event_id]
     assert mine["consumer"] == "aggregator" and mine["group"] == kafka.AGGREGATOR_GROUP
     assert "reaction is not a reaction" in mine["error"] and mine["post_id"] == post
@@ -115,7 +104,7 @@ def test_a_poisoned_event_fixed_and_replayed_is_counted_once(stack: Stack) -> No
     targets = [(r["id"], r["group"]) for r in out["replayed"]]
     assert targets == [(mine["id"], kafka.AGGREGATOR_GROUP)]
     client = LikesClient(stack.gateway_url, stack.gateway_url)
-    wait_for(lambda: client.count(post)["count"] == 1, "the fixed like counted")
+    wait_for(lambda: client.count(post)["count"] == 1, "the fixed like counted", 60)
     dlq_cli(stack, "replay", mine["id"], "--set", "reaction=like", "--yes", "--json")
     for _ in range(6):  # it stays counted once
         time.sleep(1.0)
