@@ -43,6 +43,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from redis.crc import key_slot
+
 from services.contracts import keys
 
 K = 7  # probes per item: optimal for 10 bits per item (ln 2 * 10 = 6.9), ~0.8 % false positives
@@ -88,19 +90,21 @@ end
 # KEYS[1] = filter; ARGV = h1, h2 (one like: the write service)
 _ADD = _ADD_FN + "return add(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))\n"
 
-# ARGV = key, h1, h2, key, h1, h2, ...: many filters in one call (the aggregator). The filters
-# are in different slots of ONE node: Redis Cluster refuses declared keys of several slots
-# (CROSSSLOT), so they are passed as arguments, and the flag lets the script touch several slots
-# (Redis >= 7). The caller sends each call to the node that owns every key in it; a key whose
-# slot moved since ("non local key") fails the call, and the caller refreshes and retries: every
-# add is idempotent.
+# ARGV[1] = "key h1 h2 key h1 h2 ...": many filters in one call (the aggregator), as ONE argument
+# (user ids hold no spaces: keys.USER_ID_PATTERN). One argument per key and hash cost redis-py an
+# encode and a pack each, most of a bulk add's client time (py-spy of bench/bench_aggregator.py:
+# 19 us per add). The filters are in different slots of ONE node: Redis Cluster refuses declared
+# keys of several slots (CROSSSLOT), so they are passed as arguments, and the flag lets the script
+# touch several slots (Redis >= 7). The caller sends each call to the node that owns every key in
+# it; a key whose slot moved since ("non local key") fails the call, and the caller refreshes and
+# retries: every add is idempotent.
 _ADD_MANY = (
     "#!lua flags=allow-cross-slot-keys\n"
     + _ADD_FN
     + """
 local out = {}
-for i = 1, #ARGV, 3 do
-  out[#out + 1] = add(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+for key, h1, h2 in string.gmatch(ARGV[1], '(%S+) (%d+) (%d+)') do
+  out[#out + 1] = add(key, tonumber(h1), tonumber(h2))
 end
 return out
 """
@@ -211,21 +215,27 @@ def add_many(rc: Any, pairs: Iterable[tuple[str, str]], chunk: int = ADD_MANY_CH
     command, a script run and a reply per like: a window of 100 k likes, 100 k of each)."""
     from services.contracts.clients import eval_per_node
 
-    by_node: dict[str, list[tuple[str, int, int]]] = {}
-    hashed: dict[str, tuple[int, int]] = {}  # a window's likes share few posts: hash each once
+    by_node: dict[str, list[str]] = {}
+    hashed: dict[str, str] = {}  # a window's likes share few posts: hash each once
+    node_of: dict[int, str] = {}  # slot -> its primary's name (get_node_from_key per key: 6 us)
     for user_id, post_id in dict.fromkeys(pairs):
         h = hashed.get(post_id)
         if h is None:
-            h = hashed[post_id] = probes(post_id)
+            h1, h2 = probes(post_id)
+            h = hashed[post_id] = f"{h1} {h2}"
         key = keys.bloom_key(user_id)
-        by_node.setdefault(rc.get_node_from_key(key).name, []).append((key, *h))
+        slot = key_slot(key.encode())
+        node = node_of.get(slot)
+        if node is None:
+            node = node_of[slot] = rc.nodes_manager.get_node_from_slot(slot).name
+        by_node.setdefault(node, []).append(f"{key} {h}")
     calls: list[tuple[Sequence[str], Sequence[Any]]] = []
     route: list[str] = []
     for adds in by_node.values():
         for i in range(0, len(adds), chunk):
             part = adds[i : i + chunk]
-            calls.append(((), [x for add in part for x in add]))
-            route.append(part[0][0])  # every key of the call is on this key's node
+            calls.append(((), [" ".join(part)]))
+            route.append(part[0].split(" ", 1)[0])  # every key of the call is on this key's node
     eval_per_node(rc, _ADD_MANY, calls, route=route)
 
 
