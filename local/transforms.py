@@ -434,10 +434,13 @@ def token_claims(layout: Layout) -> tuple[str, str]:
     return iss, aud
 
 
-def sign_token(layout: Layout, user_id: str, ttl_s: int = 3600) -> str:
-    """A token from the stack's local identity provider, valid for the stack's services."""
+def sign_token(
+    layout: Layout, user_id: str, ttl_s: int = 3600, account_created: int | None = None
+) -> str:
+    """A token from the stack's local identity provider, valid for the stack's services
+    (`account_created`: epoch seconds, see local/issuer.Signer)."""
     iss, aud = token_claims(layout)
-    return issuer.sign(layout.home, user_id, ttl_s, iss, aud)
+    return issuer.sign(layout.home, user_id, ttl_s, iss, aud, account_created)
 
 
 def topic_specs(layout: Layout, stack: str) -> list[topics.TopicSpec]:

@@ -152,9 +152,9 @@ class Stack:
         values: dict[str, object] = {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
         return HotPoolSettings.model_validate({**values, **overrides})
 
-    def token(self, user_id: str, ttl_s: int = 3600) -> str:
+    def token(self, user_id: str, ttl_s: int = 3600, account_created: int | None = None) -> str:
         """A bearer token from the stack's local identity provider."""
-        return transforms.sign_token(self.layout, user_id, ttl_s)
+        return transforms.sign_token(self.layout, user_id, ttl_s, account_created)
 
     @property
     def redis_password(self) -> str:

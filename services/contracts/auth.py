@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any
 
 import jwt
 
@@ -37,6 +38,11 @@ def _jwks_client(url: str) -> jwt.PyJWKClient:
 
 def verify(settings: Settings, authorization: str | None) -> str:
     """The caller's user id from an `Authorization: Bearer <jwt>` header, or AuthError."""
+    return verify_claims(settings, authorization)[0]
+
+
+def verify_claims(settings: Settings, authorization: str | None) -> tuple[str, dict[str, Any]]:
+    """`verify`, and the token's verified claims (the write path reads the account's age)."""
     if not authorization:
         raise AuthError("missing_token", "Authorization: Bearer <token> is required")
     scheme, _, token = authorization.partition(" ")
@@ -64,4 +70,4 @@ def verify(settings: Settings, authorization: str | None) -> str:
     if not _USER_ID.fullmatch(sub):
         # the subject becomes part of Redis keys and hash tags: refuse what could break them
         raise AuthError("invalid_subject", f"the token's subject must match {keys.USER_ID_PATTERN}")
-    return sub
+    return sub, claims

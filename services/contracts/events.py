@@ -25,6 +25,7 @@ def mirrored(peer_region: str, topic: str) -> str:
 
 
 Action = Literal["like", "unlike", "void", "unvoid"]
+SIGNAL_FIELDS = ("client_ip", "device", "account_created")  # optional: services/contracts/signals
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class LikeEvent:
     region: str
     shard: int
     occurred_at: int  # epoch milliseconds
+    # abuse signals (services/contracts/signals.py): optional, null in events written before them
+    client_ip: str | None = None
+    device: str | None = None
+    account_created: int | None = None  # epoch milliseconds
 
     @classmethod
     def new(
@@ -52,6 +57,9 @@ class LikeEvent:
         delta: int,
         region: str,
         shard: int = 0,
+        client_ip: str | None = None,
+        device: str | None = None,
+        account_created: int | None = None,
     ) -> LikeEvent:
         return cls(
             event_id=str(uuid.uuid4()),
@@ -64,6 +72,9 @@ class LikeEvent:
             region=region,
             shard=shard,
             occurred_at=int(time.time() * 1000),
+            client_ip=client_ip,
+            device=device,
+            account_created=account_created,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,7 +85,14 @@ class LikeEvent:
         at = d["occurred_at"]
         if not isinstance(at, int):  # fastavro turns timestamp-millis into a datetime
             at = int(at.timestamp() * 1000)
-        return cls(**{**{k: d[k] for k in cls.__dataclass_fields__}, "occurred_at": at})
+        created = d.get("account_created")
+        if created is not None and not isinstance(created, int):
+            created = int(created.timestamp() * 1000)
+        fields = {k: d[k] for k in cls.__dataclass_fields__
+                  if k != "occurred_at" and k not in SIGNAL_FIELDS}  # fmt: skip
+        # .get: a record read with a reader schema older than the signals has none
+        return cls(**fields, occurred_at=at, client_ip=d.get("client_ip"),
+                   device=d.get("device"), account_created=created)  # fmt: skip
 
 
 def subject(topic: str) -> str:

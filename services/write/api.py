@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.http import ApiError
-from services.contracts import auth, flags, keys, routes
+from services.contracts import auth, flags, keys, routes, signals
 from services.write import core
 
 router = APIRouter(prefix=routes.API_PREFIX, tags=["likes"])
@@ -56,6 +56,12 @@ async def post_like(
     body: LikeRequest,
     authorization: Annotated[str | None, Header()] = None,
     idempotency_key: Annotated[str | None, Header()] = None,
+    client_ip: Annotated[
+        str | None, Header(alias=signals.CLIENT_IP_HEADER, description="set by the CDN")
+    ] = None,
+    device: Annotated[
+        str | None, Header(alias=signals.DEVICE_HEADER, pattern=signals.DEVICE_PATTERN)
+    ] = None,
 ) -> JSONResponse:
     """Like or unlike a post as the caller. A replay of the same Idempotency-Key returns the
     first answer and changes nothing."""
@@ -69,7 +75,7 @@ async def post_like(
             headers={"Retry-After": str(flags.RETRY_AFTER_S)},
         )
     try:
-        user_id = auth.verify(settings, authorization)
+        user_id, claims = auth.verify_claims(settings, authorization)
     except auth.AuthError as e:
         raise ApiError(401, e.code, str(e), headers={"WWW-Authenticate": "Bearer"}) from e
     except auth.AuthUnavailable as e:
@@ -77,7 +83,11 @@ async def post_like(
     if body.user_id is not None and body.user_id != user_id:
         raise ApiError(403, "forbidden_user", "you can only like as yourself")
     intent_uuid = _parse_key(idempotency_key)
-    intent = core.Intent(user_id, body.post_id, body.action, body.reaction, intent_uuid)
+    try:
+        sig = signals.parse(client_ip, device, claims.get(signals.ACCOUNT_CREATED_CLAIM))
+    except signals.InvalidSignal as e:
+        raise ApiError(400, "invalid_signal", str(e)) from e
+    intent = core.Intent(user_id, body.post_id, body.action, body.reaction, intent_uuid, sig)
     writer: core.LikeWriter = request.app.state.writer
     try:
         out = await run_in_threadpool(writer.write, intent)

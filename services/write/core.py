@@ -46,6 +46,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from services.common import observability
 from services.contracts import bloom, events, keys
 from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED, REDIS_ERRORS
+from services.contracts.signals import NO_SIGNALS, Signals
 
 log = logging.getLogger("write")
 
@@ -81,6 +82,9 @@ class Intent:
     action: Action
     reaction: str
     intent_uuid: str
+    # what the abuse scorer reads off the event; not part of the request's identity (a retry
+    # from another IP is the same intent)
+    signals: Signals = NO_SIGNALS
 
     @property
     def target_state(self) -> str:
@@ -339,7 +343,8 @@ class LikeWriter:
         event = events.LikeEvent.new(
             intent_uuid=it.intent_uuid, user_id=it.user_id, post_id=it.post_id,
             action=it.action, reaction=reaction or it.reaction, delta=delta, region=self.region,
-            shard=shard,
+            shard=shard, client_ip=it.signals.client_ip, device=it.signals.device,
+            account_created=it.signals.account_created_ms,
         )  # fmt: skip
         try:  # serialize first: the outbox row keeps the exact bytes that get published
             payload = self.serialize(

@@ -16,7 +16,7 @@ from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
 
-from services.contracts import clients, events, keys
+from services.contracts import clients, events, keys, signals
 from services.schema import registry_schemas
 from services.write.main import create_app
 from tests.conftest import Stack
@@ -121,6 +121,51 @@ def test_like_is_written_published_and_remembered(
     while outbox_rows(cql, user) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert outbox_rows(cql, user) == []
+
+
+def test_the_abuse_signals_travel_on_the_event_and_a_malformed_one_is_refused(
+    stack: Stack, app_client: TestClient, cql: Session
+) -> None:
+    # issue 13: the scorer reads the client's IP (the CDN's header), the device fingerprint and
+    # the account's age (a token claim) off the like event: only the write path sees them
+    user, post = f"u-{uuid.uuid4()}", f"p-{uuid.uuid4()}"
+    created = int(time.time()) - 3600  # a fresh account
+    with_signals, bare, bad = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    auth = {"Authorization": f"Bearer {stack.token(user, account_created=created)}"}
+    r = app_client.post(
+        "/v1/likes", json={"post_id": post, "action": "like"},
+        headers={**auth, "Idempotency-Key": with_signals, signals.CLIENT_IP_HEADER: "203.0.113.7",
+                 signals.DEVICE_HEADER: "dev-4f2a"},
+    )  # fmt: skip
+    assert r.status_code == 202, r.text
+    r = app_client.post(
+        "/v1/likes",
+        json={"post_id": post, "action": "unlike"},
+        headers={"Authorization": f"Bearer {stack.token(user)}", "Idempotency-Key": bare},
+    )
+    assert r.status_code == 202, r.text
+    for header, value, status, code in (
+        (signals.CLIENT_IP_HEADER, "203.0.113.999", 400, "invalid_signal"),
+        (signals.DEVICE_HEADER, "two words", 422, "invalid_request"),  # the declared pattern
+    ):
+        r = app_client.post(
+            "/v1/likes", json={"post_id": post, "action": "like"},
+            headers={**auth, "Idempotency-Key": bad, header: value},
+        )  # fmt: skip
+        assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
+    assert edge_state(cql, user, post) == "unliked"  # the refused likes wrote nothing
+    evs = {e.intent_uuid: e for e in once(events_for(stack, {with_signals, bare}, want=2))}
+    liked = evs[with_signals]
+    assert (liked.client_ip, liked.device, liked.account_created) == (
+        "203.0.113.7",
+        "dev-4f2a",
+        created * 1000,
+    )
+    # an old client sends no header: no signal, never a refusal (the default token's account is
+    # an old one)
+    assert evs[bare].client_ip is None and evs[bare].device is None
+    assert evs[bare].account_created is not None and evs[bare].account_created < created * 1000
+    assert bad not in evs
 
 
 def test_retry_storm_with_one_key_is_applied_once(
