@@ -26,6 +26,8 @@ def mirrored(peer_region: str, topic: str) -> str:
 
 Action = Literal["like", "unlike", "void", "unvoid"]
 SIGNAL_FIELDS = ("client_ip", "device", "account_created")  # optional: services/contracts/signals
+VOID_FIELDS = ("subject_event_id", "subject_intent_uuid", "model_version", "abuse_score")
+OPTIONAL_FIELDS = (*SIGNAL_FIELDS, *VOID_FIELDS)  # null by default, absent from older schemas
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class LikeEvent:
     client_ip: str | None = None
     device: str | None = None
     account_created: int | None = None  # epoch milliseconds
+    # void and unvoid events (services/abuse/voids.py): the like they act on, and the model
+    subject_event_id: str | None = None
+    subject_intent_uuid: str | None = None
+    model_version: str | None = None
+    abuse_score: float | None = None
 
     @classmethod
     def new(
@@ -88,11 +95,10 @@ class LikeEvent:
         created = d.get("account_created")
         if created is not None and not isinstance(created, int):
             created = int(created.timestamp() * 1000)
-        fields = {k: d[k] for k in cls.__dataclass_fields__
-                  if k != "occurred_at" and k not in SIGNAL_FIELDS}  # fmt: skip
-        # .get: a record read with a reader schema older than the signals has none
-        return cls(**fields, occurred_at=at, client_ip=d.get("client_ip"),
-                   device=d.get("device"), account_created=created)  # fmt: skip
+        fields: dict[str, Any] = {
+            k: d[k] if k not in OPTIONAL_FIELDS else d.get(k) for k in cls.__dataclass_fields__
+        }  # older schemas lack some
+        return cls(**{**fields, "occurred_at": at, "account_created": created})  # fmt: skip
 
 
 def subject(topic: str) -> str:

@@ -21,7 +21,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-CLIENT_IP_HEADER = "CF-Connecting-IP"
+from services.contracts import routes
+
+CLIENT_IP_HEADER = routes.CLIENT_IP_HEADER  # the gateway's per-IP rate limit keys on it too
 DEVICE_HEADER = "X-Device-Fingerprint"
 ACCOUNT_CREATED_CLAIM = "account_created"
 

@@ -136,9 +136,12 @@ class Statements:
             "UPDATE edges SET state = 'liked', reaction = ?, void = false, updated_at = ?, "
             "intent_uuid = ? WHERE user_id = ? AND kind = 'edge' AND ref = ? IF state != 'liked'"
         )
+        # conditional on the void flag read with the reaction: an unlike of a voided edge is
+        # the transition without the -1 (the void took the like out of the count already)
         self.to_unliked = p(
             "UPDATE edges SET state = 'unliked', reaction = ?, updated_at = ?, intent_uuid = ? "
-            "WHERE user_id = ? AND kind = 'edge' AND ref = ? IF state = 'liked' AND reaction = ?"
+            "WHERE user_id = ? AND kind = 'edge' AND ref = ? "
+            "IF state = 'liked' AND reaction = ? AND void = ?"
         )
         self.outbox = p(
             "INSERT INTO edges (user_id, kind, ref, post_id, topic, kafka_key, payload, "
@@ -149,7 +152,7 @@ class Statements:
             "SELECT state FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
         )
         self.edge_reaction = p(
-            "SELECT reaction FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+            "SELECT reaction, void FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
         )
         self.delete_outbox = p(
             "DELETE FROM edges WHERE user_id = ? AND kind = 'outbox' AND ref = ?"
@@ -273,11 +276,15 @@ class LikeWriter:
         # that reaction, so a reaction read stale is caught by the LWT and retried with the
         # stored one. A like of an already-liked edge is a no-op whatever its reaction: to
         # change a reaction, unlike then like (each one event, each counted once).
-        reaction = self._stored_reaction(it) if it.action == "unlike" else it.reaction
+        # The same for a void (services/abuse/voids.py): an unlike of a voided edge subtracts
+        # nothing, so its event has delta 0.
+        reaction, void = self._stored(it) if it.action == "unlike" else (it.reaction, False)
         # the outbox row keeps the request's trace: a relay that publishes it later continues it
         trace = observability.traceparent()
         for _ in range(3):
-            rows, event, payload, bucket, oshard, now = self._commit(it, shard, reaction, trace)
+            rows, event, payload, bucket, oshard, now = self._commit(
+                it, shard, reaction, void, trace
+            )
             if rows and rows[0].applied:
                 break
             edge = next((r for r in rows if getattr(r, "kind", None) == "edge"), None)
@@ -286,10 +293,11 @@ class LikeWriter:
                 or any(getattr(r, "kind", None) == "intent" for r in rows)
                 or edge is None
                 or edge.state != "liked"
-                or edge.reaction == reaction
+                or (edge.reaction, edge.void) == (reaction, void)
             ):
                 break
-            reaction = edge.reaction  # changed between our read and the batch: take it back
+            # changed between our read and the batch: take back what the edge holds now
+            reaction, void = edge.reaction, edge.void
 
         applied = bool(rows and rows[0].applied)
         if not applied:
@@ -326,20 +334,21 @@ class LikeWriter:
         self._idem_set(it, out)  # 4.
         return out
 
-    def _stored_reaction(self, it: Intent) -> str | None:
+    def _stored(self, it: Intent) -> tuple[str | None, bool | None]:
+        """The edge's reaction and void flag (an unlike's conditions)."""
         try:
             row = self.session.execute(self.q.edge_reaction, (it.user_id, it.post_id)).one()
         except CASSANDRA_REFUSED as e:
             raise Refused(str(e)) from e
         except CASSANDRA_ERRORS as e:
             raise Unavailable("edge-store", str(e)) from e
-        return row.reaction if row is not None else it.reaction
+        return (row.reaction, row.void) if row is not None else (it.reaction, False)
 
     def _commit(
-        self, it: Intent, shard: int, reaction: str | None, trace: str | None
+        self, it: Intent, shard: int, reaction: str | None, void: bool | None, trace: str | None
     ) -> tuple[list[Any], events.LikeEvent, bytes, int, int, datetime]:
         """2. The event, its marker, and the conditional batch (intent + edge + outbox row)."""
-        delta = 1 if it.action == "like" else -1
+        delta = 1 if it.action == "like" else 0 if void else -1
         event = events.LikeEvent.new(
             intent_uuid=it.intent_uuid, user_id=it.user_id, post_id=it.post_id,
             action=it.action, reaction=reaction or it.reaction, delta=delta, region=self.region,
@@ -384,7 +393,7 @@ class LikeWriter:
             else:
                 batch.add(
                     self.q.to_unliked,
-                    (reaction, now, intent_id, it.user_id, it.post_id, reaction),
+                    (reaction, now, intent_id, it.user_id, it.post_id, reaction, void),
                 )
             batch.add(
                 self.q.outbox,
@@ -414,11 +423,7 @@ class LikeWriter:
     def _drop_marker(
         self, bucket: int, oshard: int, created: datetime, event_id: uuid.UUID
     ) -> None:
-        try:
-            self.session.execute(self.q.delete_marker, (bucket, oshard, created, event_id))
-        except CASSANDRA_ERRORS as e:  # the relay drops it once it is stale
-            log.warning("refused write's marker left to the relay",
-                        extra={"fields": {"error": str(e)}})  # fmt: skip
+        drop_marker(self.session, self.q, bucket, oshard, created, event_id)
 
     def _not_applied(self, it: Intent, rows: list[Any], now: datetime) -> Outcome:
         """The batch did not apply: either this intent was applied before (a retry whose idem
@@ -464,25 +469,45 @@ class LikeWriter:
         self, fut: Future[None], user_id: str, event_id: str, bucket: int, oshard: int,
         created: datetime,
     ) -> None:  # fmt: skip
-        """Once Kafka has the event, the outbox row and its marker are done with.
-
-        Runs on the producer's poll thread, which serves every delivery: fire the deletes
-        asynchronously so one slow round trip does not hold up the other writes' acks."""
-        if fut.exception() is not None:
-            return
-
-        def failed(e: BaseException) -> None:  # harmless: the relay republishes, consumers dedup
-            log.warning("outbox cleanup failed", extra={"fields": {"error": str(e)}})
-
-        try:
-            for stmt, args in (
-                (self.q.delete_outbox, (user_id, event_id)),
-                (self.q.delete_marker, (bucket, oshard, created, uuid.UUID(event_id))),
-            ):
-                self.session.execute_async(stmt, args).add_errback(failed)
-        except CASSANDRA_ERRORS as e:
-            failed(e)
+        after_publish(self.session, self.q, fut, user_id, event_id, bucket, oshard, created)
 
     def has_liked(self, user_id: str, post_id: str) -> bool:
         row = self.session.execute(self.q.edge_state, (user_id, post_id)).one()
         return bool(row and row.state == "liked")
+
+
+def drop_marker(
+    session: Session, q: Statements, bucket: int, oshard: int, created: datetime,
+    event_id: uuid.UUID,
+) -> None:  # fmt: skip
+    """Take back the marker of a batch the store refused (it points at nothing)."""
+    try:
+        session.execute(q.delete_marker, (bucket, oshard, created, event_id))
+    except CASSANDRA_ERRORS as e:  # the relay drops it once it is stale
+        log.warning("refused write's marker left to the relay",
+                    extra={"fields": {"error": str(e)}})  # fmt: skip
+
+
+def after_publish(
+    session: Session, q: Statements, fut: Future[None], user_id: str, event_id: str,
+    bucket: int, oshard: int, created: datetime,
+) -> None:  # fmt: skip
+    """Once Kafka has an outbox event, its row and marker are done with (the write path's and
+    the abuse scorer's voids alike).
+
+    Runs on the producer's poll thread, which serves every delivery: fire the deletes
+    asynchronously so one slow round trip does not hold up the other writes' acks."""
+    if fut.exception() is not None:
+        return
+
+    def failed(e: BaseException) -> None:  # harmless: the relay republishes, consumers dedup
+        log.warning("outbox cleanup failed", extra={"fields": {"error": str(e)}})
+
+    try:
+        for stmt, args in (
+            (q.delete_outbox, (user_id, event_id)),
+            (q.delete_marker, (bucket, oshard, created, uuid.UUID(event_id))),
+        ):
+            session.execute_async(stmt, args).add_errback(failed)
+    except CASSANDRA_ERRORS as e:
+        failed(e)

@@ -246,7 +246,7 @@ def test_an_unlike_takes_back_the_stored_reaction_even_when_read_stale(
     # the stored reaction read stale (another request changed it between the read and the
     # batch): the conditional batch refuses it and the retry takes back what is stored
     writer = app_client.app.state.writer  # type: ignore[attr-defined]
-    monkeypatch.setattr(writer, "_stored_reaction", lambda _it: "like")
+    monkeypatch.setattr(writer, "_stored", lambda _it: ("like", False))
     assert post_like(app_client, stack, user, post2, "like", c, reaction="wow")[0] == 202
     s, body, _ = post_like(app_client, stack, user, post2, "unlike", d)
     assert s == 202 and body["changed"] is True

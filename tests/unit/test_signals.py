@@ -37,7 +37,7 @@ def test_signals_are_parsed_and_a_malformed_one_is_named() -> None:
 
 def _without_signals() -> dict[str, object]:
     schema = json.loads(events.LIKE_EVENT_SCHEMA)
-    schema["fields"] = [f for f in schema["fields"] if f["name"] not in events.SIGNAL_FIELDS]
+    schema["fields"] = [f for f in schema["fields"] if f["name"] not in events.OPTIONAL_FIELDS]
     return schema
 
 
@@ -62,7 +62,7 @@ def test_the_signal_fields_are_a_forward_and_backward_compatible_evolution() -> 
     assert read_old.intent_uuid == "i" and read_old.client_ip is None
     old_bytes = io.BytesIO()
     d = e.to_dict()
-    for k in events.SIGNAL_FIELDS:
+    for k in events.OPTIONAL_FIELDS:
         del d[k]
     fastavro.schemaless_writer(old_bytes, old_s, d)
     read_new = events.LikeEvent.from_dict(

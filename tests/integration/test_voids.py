@@ -1,0 +1,162 @@
+"""Voids and unvoids on the real stack (services/abuse/voids.py): likes written through the gateway,
+voided and unvoided against the edge-store and Kafka, counted by the stack's aggregator. The
+counts must converge to the non-void liked edges (invariant 6), whatever the order of events."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from cassandra.cluster import Session
+from confluent_kafka import Producer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from services.abuse import voids
+from services.client import LikesClient
+from services.contracts import clients, events, keys
+from services.write.core import Publisher
+from tests.conftest import Stack
+from tests.integration.test_data_path import converge, liked_edges
+from tests.integration.test_flags import wait_for
+
+pytestmark = pytest.mark.stack
+
+MODEL = "v-test"
+
+
+@pytest.fixture(scope="module")
+def api(stack: Stack) -> LikesClient:
+    return LikesClient(stack.gateway_url, stack.gateway_url, attempts=8, vary_client_ip=True)
+
+
+@pytest.fixture(scope="module")
+def voider(stack: Stack, cql: Session) -> Iterator[voids.Voider]:
+    settings = stack.settings()
+    publisher = Publisher(clients.producer(settings))
+    yield voids.Voider(
+        session=cql, publisher=publisher, region=settings.region,
+        serialize=clients.like_serializer(clients.schema_registry(settings)),
+    )  # fmt: skip
+    publisher.close()
+
+
+def like(stack: Stack, api: LikesClient, user: str, post: str, action: str = "like") -> str:
+    """A like (or unlike) through the gateway; its intent."""
+    key = str(uuid.uuid4())
+    r = api.like(post, action, idempotency_key=key, token=stack.token(user))
+    assert r.status_code == 202, r.text
+    return key
+
+
+def like_event(user: str, post: str, intent: str, region: str) -> events.LikeEvent:
+    """The like as the scorer reads it off likes.committed (what a void needs of it)."""
+    return events.LikeEvent.new(intent_uuid=intent, user_id=user, post_id=post, action="like",
+                                reaction="like", delta=1, region=region)  # fmt: skip
+
+
+def edge(cql: Session, user: str, post: str) -> tuple[str, bool, uuid.UUID | None]:
+    row = cql.execute(
+        "SELECT state, void, void_id FROM edges WHERE user_id = %s AND kind = 'edge' AND ref = %s",
+        (user, post),
+    ).one()
+    return (row.state, bool(row.void), row.void_id)
+
+
+def test_voids_and_unvoids_keep_counts_equal_to_the_non_void_edges(
+    stack: Stack, api: LikesClient, cql: Session, voider: voids.Voider
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    region = stack.settings().region
+    kinds = ("voided", "unliked", "unvoided", "relike", "relayed", "control")
+    post = {k: f"void-{k}-{tag}" for k in kinds}
+    user = {k: f"u-{k}-{tag}" for k in post}
+    intent = {k: like(stack, api, user[k], post[k]) for k in post}
+    # a bystander's like on every post: a count one too low then reads 0, not a clamped -1
+    bystander = f"u-bystander-{tag}"
+    for p in post.values():
+        like(stack, api, bystander, p)
+    wait_for(lambda: all(api.count(p)["count"] == 2 for p in post.values()), "likes counted", 60)
+
+    # voided: the edge's current intent, once; a retry finds its own void, another model's void
+    # finds the edge void already
+    ev = like_event(user["voided"], post["voided"], intent["voided"], region)
+    first = voider.void(ev, MODEL, 0.97)
+    assert (first.applied, first.reason, first.published) == (True, "voided", True)
+    assert first.event is not None and first.event.subject_intent_uuid == intent["voided"]
+    assert edge(cql, user["voided"], post["voided"]) == (
+        "liked",
+        True,
+        uuid.UUID(voids.void_intent(intent["voided"], MODEL)),
+    )
+    assert voider.void(ev, MODEL, 0.97).reason == "replayed"
+    assert voider.void(ev, "v-other", 0.99).reason == "already-void"
+
+    # unliked while void: the unlike subtracts nothing, and the void can no longer be taken back
+    ev = like_event(user["unliked"], post["unliked"], intent["unliked"], region)
+    unliked_void = voider.void(ev, MODEL, 0.9)
+    assert unliked_void.applied and unliked_void.event is not None
+    like(stack, api, user["unliked"], post["unliked"], "unlike")
+    assert voider.unvoid(unliked_void.event).reason == "not-liked"
+
+    # unvoided: back in the count; a second unvoid changes nothing
+    ev = like_event(user["unvoided"], post["unvoided"], intent["unvoided"], region)
+    v = voider.void(ev, MODEL, 0.9)
+    assert v.applied and v.event is not None
+    wait_for(lambda: api.count(post["unvoided"])["count"] == 1, "the void counted", 60)
+    back = voider.unvoid(v.event)
+    assert (back.applied, back.reason) == (True, "unvoided")
+    assert voider.unvoid(v.event).reason == "not-void"
+
+    # liked again since (unlike, like: a new intent): the old intent's void does not apply
+    like(stack, api, user["relike"], post["relike"], "unlike")
+    like(stack, api, user["relike"], post["relike"])
+    ev = like_event(user["relike"], post["relike"], intent["relike"], region)
+    assert voider.void(ev, MODEL, 0.9).reason == "superseded"
+
+    # a void whose process dies before it publishes (here: a producer that never reaches a
+    # broker): the void's edge write and its outbox row are one batch, so the relay publishes it
+    dead = Publisher(Producer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 500}))
+    ser = clients.like_serializer(clients.schema_registry(stack.settings()))
+    v = voids.Voider(session=cql, publisher=dead, region=region, publish_wait_s=0.5, serialize=ser)
+    try:
+        ev = like_event(user["relayed"], post["relayed"], intent["relayed"], region)
+        result = v.void(ev, MODEL, 0.99)
+    finally:
+        dead.close(timeout=1)
+    assert (result.applied, result.published) == (True, False)
+
+    want = {"voided": 1, "unliked": 1, "unvoided": 2, "relike": 2, "relayed": 1, "control": 2}
+    truth = liked_edges(cql, [(u, post[k]) for k in post for u in (user[k], bystander)])
+    assert {k: truth[post[k]] for k in post} == want  # the edge-store agrees with the plan
+    converge(api, {post[k]: n for k, n in want.items()})
+
+
+def test_a_void_folded_before_its_like_is_held_until_the_like_lands(
+    stack: Stack, api: LikesClient
+) -> None:
+    # the aggregator reads likes.voided and likes.committed at their own pace: a void may be
+    # folded first. Its -1 waits in the voided topic's cell; the sum is exact once both are in
+    tag = uuid.uuid4().hex[:8]
+    region = stack.settings().region
+    post = f"void-early-{tag}"
+    ser = clients.like_serializer(clients.schema_registry(stack.settings()))
+    like_ev = like_event(f"u-{tag}", post, str(uuid.uuid4()), region)
+    void_ev = events.LikeEvent.new(
+        intent_uuid=voids.void_intent(like_ev.intent_uuid, MODEL), user_id=like_ev.user_id,
+        post_id=post, action="void", reaction="like", delta=-1, region=region,
+    )  # fmt: skip
+    p = Producer(stack.kafka_config())
+
+    def send(topic: str, e: events.LikeEvent) -> None:
+        value = ser(e, SerializationContext(topic, MessageField.VALUE))
+        p.produce(topic, key=keys.kafka_key(post, 0), value=value)
+        assert p.flush(30) == 0
+
+    other = like_event(f"u-other-{tag}", post, str(uuid.uuid4()), region)
+    send(events.COMMITTED, other)  # another user's like: 1
+    wait_for(lambda: api.count(post)["count"] == 1, "the other like counted", 60)
+    send(events.VOIDED, void_ev)  # the void of a like not yet in: its -1 is held, 1 - 1 = 0
+    wait_for(lambda: api.count(post)["count"] == 0, "the early void folded", 60)
+    send(events.COMMITTED, like_ev)  # the like lands: exact, and it stays so
+    converge(api, {post: 1})
