@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -31,7 +30,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli import alerts, audit, stack_settings
+from cli import alerts, audit, stack_settings, topic_read
 from services.contracts import dlq, events, kafka
 
 app = typer.Typer(
@@ -42,7 +41,6 @@ console = Console()
 err = Console(stderr=True)
 
 EXIT_OK, EXIT_REFUSED, EXIT_ERROR = 0, 1, 2
-READ_TIMEOUT_S = 30.0
 FIXED_FIELDS = ("event_id", "intent_uuid")  # who the event is: a replay never changes them
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 SinceOpt = typer.Option("1d", "--since", help="how far back (30m, 6h, 7d; the topic keeps 30d)")
@@ -123,63 +121,19 @@ class Tools:
         self.horizon_s = float(AggregatorSettings.model_fields["agg_dedup_horizon_s"].default)
 
     def consumer(self) -> Any:
-        from confluent_kafka import Consumer
-
-        return Consumer({
-            **self.kafka,
-            # never commits (partitions are assigned, not subscribed): the name only has to
-            # pass the ACLs' group prefix
-            "group.id": f"{kafka.GROUP_PREFIX}dlq-cli-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        })  # fmt: skip
+        return topic_read.consumer(self.kafka, "dlq-cli")
 
     def read(self, since_s: float) -> list[Letter]:
         """Every dead letter newer than `since_s` seconds, up to the end the topic had when the
         read started."""
-        from confluent_kafka import TopicPartition
-
-        c = self.consumer()
         try:
-            md = c.list_topics(events.DEAD_LETTER, timeout=10).topics.get(events.DEAD_LETTER)
-            if md is None or md.error is not None:
-                raise DlqError(f"topic {events.DEAD_LETTER}: {getattr(md, 'error', 'missing')}")
-            since_ms = int((time.time() - since_s) * 1000)
-            wanted = [TopicPartition(events.DEAD_LETTER, p, since_ms) for p in md.partitions]
-            starts = c.offsets_for_times(wanted, timeout=10)
-            todo: dict[int, int] = {}
-            assign = []
-            for tp in starts:
-                _low, high = c.get_watermark_offsets(
-                    TopicPartition(events.DEAD_LETTER, tp.partition), timeout=10
-                )
-                start = tp.offset if tp.offset >= 0 else high  # -1: nothing that new
-                if start < high:
-                    todo[tp.partition] = high
-                    assign.append(TopicPartition(events.DEAD_LETTER, tp.partition, start))
-            c.assign(assign)
-            out: list[Letter] = []
-            deadline = time.monotonic() + READ_TIMEOUT_S
-            while todo and time.monotonic() < deadline:
-                m = c.poll(0.5)
-                if m is None:
-                    continue
-                if m.error() is not None:
-                    raise DlqError(f"reading {events.DEAD_LETTER}: {m.error()}")
-                p, o = m.partition() or 0, m.offset() or 0
-                if o < todo.get(p, -1):
-                    hs = list(m.headers() or [])
-                    out.append(Letter(p, o, m.timestamp()[1], m.key(), m.value(), hs,
-                                      dlq.header_map(hs)))  # fmt: skip
-                if o + 1 >= todo.get(p, 0):
-                    todo.pop(p, None)
-            if todo:
-                raise DlqError(f"{events.DEAD_LETTER}: not read to its end in {READ_TIMEOUT_S} s")
-        except DlqError:
-            raise
-        except Exception as e:  # KafkaException: brokers unreachable, auth refused
-            raise DlqError(f"Kafka: {e}") from e
-        finally:
-            c.close()
+            records = topic_read.read_since(self.kafka, events.DEAD_LETTER, since_s, "dlq-cli")
+        except topic_read.ReadError as e:
+            raise DlqError(str(e)) from e
+        out = []
+        for r in records:
+            h = dlq.header_map(r.headers)
+            out.append(Letter(r.partition, r.offset, r.timestamp_ms, r.key, r.value, r.headers, h))
         out.sort(key=lambda lt: (lt.timestamp_ms, lt.partition, lt.offset))
         return out
 

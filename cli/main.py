@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import alerts, audit, dlq, flags, recount, runbook, slo, status
+from cli import abuse, alerts, audit, dlq, flags, recount, runbook, slo, status
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
@@ -22,6 +22,7 @@ app.add_typer(hotkeys_cli.app, name="hotkeys")
 app.add_typer(runbook.app, name="runbook")
 app.add_typer(flags.app, name="flags")
 app.add_typer(dlq.app, name="dlq")
+app.add_typer(abuse.app, name="abuse")
 app.command()(recount.recount)
 app.command()(alerts.alerts)
 app.command()(slo.slo)

@@ -4,6 +4,7 @@ counts must converge to the non-void liked edges (invariant 6), whatever the ord
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -160,3 +161,42 @@ def test_a_void_folded_before_its_like_is_held_until_the_like_lands(
     wait_for(lambda: api.count(post)["count"] == 0, "the early void folded", 60)
     send(events.COMMITTED, like_ev)  # the like lands: exact, and it stays so
     converge(api, {post: 1})
+
+
+def test_a_bad_models_voids_are_undone_and_counts_return_exactly(
+    stack: Stack, api: LikesClient, cql: Session, voider: voids.Voider
+) -> None:
+    # `likes abuse unvoid --model-version V`: the seed's cleanup after a bad model deploy
+    tag = uuid.uuid4().hex[:8]
+    region = stack.settings().region
+    bad, good = f"bad-{tag}", f"good-{tag}"
+    post = {k: f"unvoid-{k}-{tag}" for k in ("restored", "unliked", "good")}
+    user = {k: f"u-{k}-{tag}" for k in post}
+    intent = {k: like(stack, api, user[k], post[k]) for k in post}
+    bystander = f"u-bystander-{tag}"
+    for p in post.values():
+        like(stack, api, bystander, p)
+    wait_for(lambda: all(api.count(p)["count"] == 2 for p in post.values()), "likes counted", 60)
+    for k, model in (("restored", bad), ("unliked", bad), ("good", good)):
+        assert voider.void(like_event(user[k], post[k], intent[k], region), model, 0.95).applied
+    like(stack, api, user["unliked"], post["unliked"], "unlike")  # while void: no second -1
+    wait_for(lambda: all(api.count(p)["count"] == 1 for p in post.values()), "voids counted", 60)
+
+    def unvoid() -> dict[str, object]:
+        proc = stack.cli("abuse", "unvoid", "--model-version", bad, "--since", "10m", "--yes",
+                         "--json")  # fmt: skip
+        out: dict[str, object] = json.loads(proc.stdout)
+        return out
+
+    first = unvoid()
+    assert (first["voids"], first["results"]) == (2, {"unvoided": 1, "not-liked": 1}), first
+    again = unvoid()  # changes nothing: the edge it unvoided is no longer void
+    assert again["results"] == {"not-void": 1, "not-liked": 1}, again
+    # restored: its like counts again; unliked: the user took it back, so only the bystander's;
+    # the other model's void stands
+    converge(api, {post["restored"]: 2, post["unliked"]: 1, post["good"]: 1})
+    trail = json.loads(stack.cli("audit", "--since", "10m", "--json").stdout)
+    runs = [r for r in trail if r["command"] == "abuse unvoid"
+            and r["args"]["model_version"] == bad]  # fmt: skip
+    details = [r["detail"] for r in sorted(runs, key=lambda r: r["at"])]
+    assert details == [first["results"], again["results"]], runs
