@@ -59,6 +59,7 @@ class Acl:
 TOPIC_PREFIX = "likes."
 GROUP_PREFIX = "likes-"  # the aggregator's group, the recount sampler's
 AGGREGATOR_GROUP = f"{GROUP_PREFIX}aggregator"  # the one that counts; the lag exporter watches it
+ABUSE_GROUP = f"{GROUP_PREFIX}abuse-scorer"  # reads likes.committed at its own pace (the seed)
 # the consumer-lag exporter's fetcher: assigns partitions to read timestamps, never joins or commits
 LAG_READER_GROUP = f"{GROUP_PREFIX}consumer-lag"
 

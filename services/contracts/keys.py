@@ -61,3 +61,13 @@ def bloom_scratch_key(user_id: str) -> str:
 def kafka_key(post_id: str, shard: int) -> str:
     """Partition key: a split post spreads over SPLIT_FACTOR keys (and so partitions)."""
     return post_id if shard == 0 else f"{post_id}:{shard}"
+
+
+def degraded_key(user_id: str) -> str:
+    """In the idem-store: the user is degraded (services/contracts/degrade.py)."""
+    return f"abuse:degraded:{{{user_id}}}"
+
+
+def gate_key(user_id: str) -> str:
+    """In the idem-store, the same slot as degraded_key: a degraded user's last admitted like."""
+    return f"abuse:gate:{{{user_id}}}"

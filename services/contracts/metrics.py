@@ -36,6 +36,15 @@ HOTKEYS_SPLIT = "likes_hotkeys_split"
 HOTKEYS_RECONCILE_ERRORS = "likes_hotkeys_reconcile_errors_total"
 
 # the aggregator's CDN purges (services/aggregator/purge.py)
+# the abuse scorer (services/abuse): likes scored, voids by what each found, deferrals
+ABUSE_EVENTS_CONSUMED = "likes_abuse_events_consumed_total"
+ABUSE_SCORED = "likes_abuse_scored_total"
+ABUSE_VOIDS = "likes_abuse_voids_total"  # label result: voided, replayed, not-liked, ...
+ABUSE_SCORES = "likes_abuse_score"  # a histogram of the model's probabilities
+ABUSE_DEGRADED = "likes_abuse_degraded_total"  # accounts degraded (a storm): pages the abuse team
+ABUSE_DEFERRED = "likes_abuse_deferred"  # 1 while a batch waits for the model or a store
+ABUSE_DEPENDENCY_FAILURES = "likes_abuse_dependency_failures_total"  # label dependency
+ABUSE_LOOP_TIMESTAMP = "likes_abuse_loop_timestamp_seconds"
 CDN_PURGED = "likes_aggregator_cdn_purged_total"
 CDN_PURGE_FAILURES = "likes_aggregator_cdn_purge_failures_total"  # batches given up on
 CDN_PURGE_RETRIES = "likes_aggregator_cdn_purge_retries_total"

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.common.http import ApiError
-from services.contracts import auth, flags, keys, routes, signals
+from services.contracts import auth, degrade, flags, keys, routes, signals
 from services.write import core
 
 router = APIRouter(prefix=routes.API_PREFIX, tags=["likes"])
@@ -49,7 +49,7 @@ def _retry_503(dependency: str) -> ApiError:
     routes.relative(routes.WRITE_PATH),
     status_code=202,
     response_model=LikeAccepted,
-    responses={400: {}, 401: {}, 403: {}, 409: {}, 413: {}, 422: {}, 503: {}},
+    responses={400: {}, 401: {}, 403: {}, 409: {}, 413: {}, 422: {}, 429: {}, 503: {}},
 )
 async def post_like(
     request: Request,
@@ -99,6 +99,14 @@ async def post_like(
             "refused_by_edge_store",
             "the edge-store refused this request (an identifier longer than it can store?); "
             "nothing was written, and retrying it will not help",
+        ) from e
+    except core.Degraded as e:
+        raise ApiError(
+            429,
+            "degraded_account",
+            f"this account may like once every {degrade.GATE_S} s for now (abuse protection); "
+            "nothing was written",
+            headers={"Retry-After": str(e.retry_after_s)},
         ) from e
     except core.KeyReused as e:
         raise ApiError(

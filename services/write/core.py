@@ -44,7 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.common import observability
-from services.contracts import bloom, events, keys
+from services.contracts import bloom, degrade, events, keys
 from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED, REDIS_ERRORS
 from services.contracts.signals import NO_SIGNALS, Signals
 
@@ -65,6 +65,14 @@ class Unavailable(Exception):
 
 class KeyReused(Exception):
     """The Idempotency-Key was already used for a different request."""
+
+
+class Degraded(Exception):
+    """The user is degraded (services/contracts/degrade.py): one like per GATE_S; answer 429."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"degraded account: next like in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
 
 
 class Refused(Exception):
@@ -269,6 +277,13 @@ class LikeWriter:
         cached = self._idem_get(it)  # 1. before any side effect; down → fail closed
         if cached is not None:
             return cached
+        if it.action == "like":  # a degraded account's likes wait their turn (unlikes are free)
+            try:
+                wait = degrade.admit(self.idem, it.user_id)
+            except REDIS_ERRORS as e:
+                raise Unavailable("idem-store", str(e)) from e
+            if wait:
+                raise Degraded(wait)
 
         shard = self.shard_for(it.post_id)
         # An unlike takes back the reaction the edge holds, not the request's (review D5: like

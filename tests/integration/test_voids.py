@@ -14,8 +14,8 @@ from confluent_kafka import Producer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.abuse import voids
-from services.client import LikesClient
-from services.contracts import clients, events, keys
+from services.client import LikesClient, RetryableStatus
+from services.contracts import clients, degrade, events, keys
 from services.write.core import Publisher
 from tests.conftest import Stack
 from tests.integration.test_data_path import converge, liked_edges
@@ -200,3 +200,35 @@ def test_a_bad_models_voids_are_undone_and_counts_return_exactly(
             and r["args"]["model_version"] == bad]  # fmt: skip
     details = [r["detail"] for r in sorted(runs, key=lambda r: r["at"])]
     assert details == [first["results"], again["results"]], runs
+
+
+def test_a_degraded_account_likes_once_a_minute_and_unlikes_freely(
+    stack: Stack, cql: Session
+) -> None:
+    # the seed's storm answer: the scorer degrades the account (services/contracts/degrade.py)
+    # and the write path admits one like per GATE_S from it, before writing anything
+    one_try = LikesClient(stack.gateway_url, stack.gateway_url, attempts=1, vary_client_ip=True)
+    tag = uuid.uuid4().hex[:8]
+    u = f"u-storm-{tag}"
+    idem = clients.idem_store(stack.settings(), timeout=2.0)
+    assert degrade.degrade(idem, u) and not degrade.degrade(idem, u)  # once
+    tok = stack.token(u)
+    first = one_try.like(f"storm-a-{tag}", token=tok)
+    assert first.status_code == 202, first.text
+    with pytest.raises(RetryableStatus) as refused:  # the client does not retry it (attempts=1)
+        one_try.like(f"storm-b-{tag}", token=tok)
+    second = refused.value.response
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "degraded_account"
+    assert 0 < int(second.headers["Retry-After"]) <= degrade.GATE_S
+    assert edge(cql, u, f"storm-a-{tag}")[0] == "liked"
+    assert (
+        cql.execute(
+            "SELECT state FROM edges WHERE user_id = %s AND kind = 'edge' AND ref = %s",
+            (u, f"storm-b-{tag}"),
+        ).one()
+        is None
+    )  # the refused like wrote nothing
+    assert one_try.like(f"storm-a-{tag}", "unlike", token=tok).status_code == 202
+    assert degrade.restore(idem, u)
+    assert one_try.like(f"storm-b-{tag}", token=tok).status_code == 202

@@ -1,0 +1,258 @@
+"""The abuse scorer's loop: consume likes.committed (its own group), compute each like's features,
+ask the model server for probabilities, void what scores at or above the model's threshold, then
+commit the offsets.
+
+Failure modes (the seed's, issue 13):
+- The model server is down or times out: the batch is held and retried with backoff, the
+  partitions are paused (the consumer keeps polling, so it stays in its group), and nothing is
+  committed. Kafka is the buffer: the events wait in likes.committed, which keeps 7 days
+  (infra/config.py `retention_hours`). The seed buffers in Redis with a 24 h TTL; at its peak of
+  93 K likes/s that is 8.0 billion events a day, ~1.6 TB at ~200 B an event, held three times
+  over in a Redis cluster. The log already holds exactly those bytes, replicated, for a week, so
+  a deferral costs consumer lag, not memory: the likes of the outage are counted meanwhile (they
+  "leak") and voided when the model returns and the scorer catches up. Lag is alerted on
+  (likes_consumer_lag_seconds of this group).
+- A crash between a void and the commit: the batch is read again and scored again; each void is
+  idempotent (services/abuse/voids.py: conditional, with a deterministic intent), so none is
+  applied twice, and a void that applied is in its outbox row, so none is lost. Offsets are
+  committed only after every void of the batch is written and its publish acked (or left to the
+  relay).
+- The edge-store or the registry is down: as for the model, the batch is held and retried.
+
+Features are computed once per event, when it is first read (services/abuse/features.py), so a
+held batch is retried with the same rows. The feature state is this process's: it sees the
+partitions it owns. (likes.committed is keyed by post, so with several replicas a user's likes
+spread over them and per-user rates read low; the program runs the scorer as one replica per
+region until the state moves to a user-keyed topic. Written down in the issue's notes.)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import TopicPartition as KTP
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from services.abuse import metrics
+from services.abuse.settings import ScorerSettings
+from services.common.worker_http import LoopHealth
+from services.contracts import degrade, events
+from services.contracts.clients import REDIS_ERRORS
+from services.write.core import Unavailable
+
+log = logging.getLogger("abuse.scorer")
+
+MODEL = "model"
+EDGE_STORE = "edge-store"
+
+
+class ModelUnavailable(Exception):
+    """The model server did not answer (down, timed out, not serving): defer, never skip."""
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    probabilities: list[float]
+    version: str
+    threshold: float
+
+
+class Model(Protocol):
+    def score(self, rows: Sequence[Sequence[float]]) -> Verdicts: ...
+
+
+class FeatureState(Protocol):
+    def observe(self, event: events.LikeEvent) -> Sequence[float]: ...
+
+
+class VoidWriter(Protocol):
+    def void(self, like: events.LikeEvent, model_version: str, score: float) -> Any: ...
+
+
+class StormWatch:
+    """Who is storming: a user whose likes were voided `degrade.STORM_VOIDS` times within
+    `degrade.STORM_WINDOW_S` (by the likes' own time, so a replay finds the same storms) is
+    degraded once (services/contracts/degrade.py). Memory: the void times of users voided in
+    the last window only."""
+
+    def __init__(self, degrade_user: Callable[[str], bool]) -> None:
+        self.degrade_user = degrade_user
+        self.recent: dict[str, deque[float]] = {}
+        self._newest = 0.0
+
+    def voided(self, user_id: str, at_s: float) -> bool:
+        """Record a void; True when it degraded the user (just now)."""
+        self._newest = max(self._newest, at_s)
+        times = self.recent.setdefault(user_id, deque())
+        times.append(at_s)
+        horizon = self._newest - degrade.STORM_WINDOW_S
+        while times and times[0] < horizon:
+            times.popleft()
+        if len(self.recent) > 10_000:  # prune users whose voids all left the window
+            self.recent = {u: t for u, t in self.recent.items() if t and t[-1] >= horizon}
+        if len(times) < degrade.STORM_VOIDS:
+            return False
+        del self.recent[user_id]  # degraded for DEGRADED_TTL_S: count afresh after
+        return self.degrade_user(user_id)
+
+
+@dataclass
+class Held:
+    """A batch read and featurized, not yet scored and voided: retried as it is."""
+
+    likes: list[tuple[events.LikeEvent, Sequence[float]]]
+    positions: dict[tuple[str, int], int]  # next offset per partition, committed once done
+
+
+class Scorer:
+    def __init__(
+        self,
+        settings: ScorerSettings,
+        *,
+        consumer: Consumer,
+        deserialize: Callable[[bytes, SerializationContext], Any],
+        features: FeatureState,
+        model: Model,
+        voider: VoidWriter,
+        storms: StormWatch | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.s = settings
+        self.consumer = consumer
+        self.deserialize = deserialize
+        self.features = features
+        self.model = model
+        self.voider = voider
+        self.storms = storms
+        self.clock = clock
+        self.held: Held | None = None
+        self._retry_at = 0.0
+        self._backoff = 0.0
+        self.stop = threading.Event()
+        self.loop = LoopHealth((MODEL, EDGE_STORE), clock=clock)
+        self.assigned: list[KTP] = []
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        if stop is not None:
+            self.stop = stop
+        self.consumer.subscribe(
+            [self.s.source_topic], on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+        try:
+            while not self.stop.is_set():
+                self.step()
+        finally:
+            self.consumer.close()
+
+    def _on_assign(self, _c: Consumer, parts: list[KTP]) -> None:
+        self.assigned = list(parts)
+        log.info("partitions assigned", extra={"fields": {"partitions": len(parts)}})
+
+    def _on_revoke(self, _c: Consumer, _parts: list[KTP]) -> None:
+        # the next owner reads from the committed offsets: a held batch is theirs now
+        if self.held is not None:
+            self.consumer.resume(self.assigned)
+        self.held = None
+        self.assigned = []
+
+    def step(self, timeout: float = 0.2) -> None:
+        self.loop.turned()
+        metrics.LOOP_TIMESTAMP.set_to_current_time()
+        if self.held is not None:
+            self.consumer.poll(0)  # stay in the group (max.poll.interval.ms) while paused
+            if self.clock() < self._retry_at:
+                time.sleep(min(timeout, max(0.0, self._retry_at - self.clock())))
+                return
+            self._finish(self.held)
+            return
+        msgs = self.consumer.consume(num_messages=self.s.abuse_batch, timeout=timeout)
+        if msgs:
+            self._finish(self._read(msgs))
+
+    def _read(self, msgs: list[Message]) -> Held:
+        held = Held([], {})
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF and err.fatal():
+                    raise KafkaException(err)
+                continue
+            held.positions[(m.topic() or "", m.partition() or 0)] = (m.offset() or 0) + 1
+            try:
+                e = self.deserialize(
+                    m.value() or b"", SerializationContext(m.topic() or "", MessageField.VALUE)
+                )
+            except Exception as exc:  # the aggregator dead-letters it; nothing to score here
+                metrics.UNREADABLE.inc()
+                log.warning("unreadable event skipped", extra={"fields": {"error": str(exc)}})
+                continue
+            metrics.EVENTS.inc()
+            if isinstance(e, events.LikeEvent) and e.action == "like" and e.delta > 0:
+                held.likes.append((e, self.features.observe(e)))
+        return held
+
+    def _finish(self, held: Held) -> None:
+        """Score, void and commit; on a dependency's failure hold the batch and back off."""
+        try:
+            if held.likes:
+                self._score_and_void(held)
+        except (ModelUnavailable, Unavailable) as e:
+            dep = MODEL if isinstance(e, ModelUnavailable) else EDGE_STORE
+            if self.held is None:
+                self.consumer.pause(self.assigned)
+                log.warning("scoring deferred", extra={"fields": {"waiting_for": dep,
+                                                                  "error": str(e)}})  # fmt: skip
+            self.held = held
+            self.loop.failed(dep)
+            metrics.DEFERRED.set(1)
+            metrics.DEPENDENCY_FAILURES.labels(dep).inc()
+            self._backoff = min(self.s.abuse_retry_max_s, max(0.2, self._backoff * 2))
+            self._retry_at = self.clock() + self._backoff
+            return
+        self._commit(held.positions)
+        if self.held is not None:
+            log.info("scoring resumed", extra={"fields": {"likes": len(held.likes)}})
+            self.consumer.resume(self.assigned)
+            self.loop.waiting_for = None
+        self.held = None
+        self._backoff = 0.0
+        metrics.DEFERRED.set(0)
+
+    def _score_and_void(self, held: Held) -> None:
+        verdicts = self.model.score([row for _, row in held.likes])
+        # the held batch keeps what it voided: a retry after a failure voids again, idempotently
+        for (e, _row), p in zip(held.likes, verdicts.probabilities, strict=True):
+            metrics.SCORES.observe(p)
+            if p >= verdicts.threshold:
+                result = self.voider.void(e, verdicts.version, p)
+                metrics.VOIDS.labels(result.reason).inc()
+                if result.applied and self.storms is not None:
+                    try:
+                        if self.storms.voided(e.user_id, e.occurred_at / 1000):
+                            metrics.DEGRADED.inc()
+                            log.warning("account degraded: a storm of voided likes",
+                                        extra={"fields": {"user_id": e.user_id}})  # fmt: skip
+                    except REDIS_ERRORS as exc:  # the voids stand; the storm is seen again
+                        raise Unavailable("idem-store", str(exc)) from exc
+        metrics.SCORED.inc(len(held.likes))
+
+    def _commit(self, positions: dict[tuple[str, int], int]) -> None:
+        if not positions:
+            return
+        try:
+            self.consumer.commit(
+                offsets=[KTP(t, p, o) for (t, p), o in positions.items()], asynchronous=False
+            )
+        except KafkaException as e:  # a rebalance or the coordinator moved: the next owner
+            # (or this one) re-reads from the last commit and voids again, idempotently
+            log.warning("offset commit failed", extra={"fields": {"error": str(e)}})
+
+    def ready(self) -> dict[str, bool]:
+        return self.loop.checks()
