@@ -199,8 +199,20 @@ def _fixed(event: events.LikeEvent, fixes: dict[str, str]) -> events.LikeEvent:
     for name, raw in fixes.items():
         if name not in kinds or name in FIXED_FIELDS:
             raise ValueError(f"--set {name}: not a field a replay may change")
-        changes[name] = int(raw) if kinds[name] in (int, "int") else raw
+        changes[name] = _typed(str(kinds[name]), raw)
     return dataclasses.replace(event, **changes)
+
+
+def _typed(kind: str, raw: str) -> Any:
+    """`raw` as the event field's type ("int", "float | None", ...): `--set account_created=null`
+    clears an optional field."""
+    if "None" in kind and raw.lower() in ("", "null", "none"):
+        return None
+    if "int" in kind:
+        return int(raw)
+    if "float" in kind:
+        return float(raw)
+    return raw
 
 
 def _parse_fixes(values: list[str]) -> dict[str, str]:

@@ -50,7 +50,8 @@ def unvoid(
         str, typer.Option("--model-version", help="the model version whose voids to take back")
     ],
     since: Annotated[
-        str, typer.Option("--since", help="how far back to look (30m, 6h, 7d; the event topics keep 7 days)")
+        str,
+        typer.Option("--since", help="how far back (30m, 6h, 7d; the event topics keep 7 days)"),
     ] = "7d",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be undone")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,

@@ -82,3 +82,22 @@ def test_the_local_issuer_states_the_accounts_age(tmp_path: Path) -> None:
     a = claims(issuer.sign(tmp_path, "alice", 600, "iss", "aud"))[signals.ACCOUNT_CREATED_CLAIM]
     b = claims(issuer.sign(tmp_path, "alice", 60, "iss", "aud"))[signals.ACCOUNT_CREATED_CLAIM]
     assert a == b and isinstance(a, int) and a <= 1_735_689_600
+
+
+def test_a_dead_letter_fix_of_a_signal_field_is_typed_as_the_field() -> None:
+    # `likes dlq replay --set`: the optional fields are typed `int | None` etc.; a fix given as
+    # text must serialize (an account_created left a string would fail the Avro writer)
+    from cli.dlq import _fixed
+
+    e = events.LikeEvent.new(intent_uuid="i", user_id="u", post_id="p", action="like",
+                             reaction="like", delta=1, region="eu", device="d")  # fmt: skip
+    fixed = _fixed(e, {"account_created": "1700000000000", "abuse_score": "0.5", "device": "null"})
+    assert (fixed.account_created, fixed.abuse_score, fixed.device) == (
+        1_700_000_000_000,
+        0.5,
+        None,
+    )
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(json.loads(events.LIKE_EVENT_SCHEMA)),
+                               fixed.to_dict())  # fmt: skip
+    assert buf.getvalue()
