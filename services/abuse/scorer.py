@@ -41,6 +41,7 @@ from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.abuse import metrics
+from services.abuse.model_server import ModelUnavailable, Verdicts
 from services.abuse.settings import ScorerSettings
 from services.common.worker_http import LoopHealth
 from services.contracts import degrade, events
@@ -53,19 +54,10 @@ MODEL = "model"
 EDGE_STORE = "edge-store"
 
 
-class ModelUnavailable(Exception):
-    """The model server did not answer (down, timed out, not serving): defer, never skip."""
-
-
-@dataclass(frozen=True)
-class Verdicts:
-    probabilities: list[float]
-    version: str
-    threshold: float
-
-
 class Model(Protocol):
-    def score(self, rows: Sequence[Sequence[float]]) -> Verdicts: ...
+    """The model server's client (services/abuse/model_server.ModelClient)."""
+
+    def verdicts(self, rows: Sequence[Sequence[float]]) -> Verdicts: ...
 
 
 class FeatureState(Protocol):
@@ -226,7 +218,7 @@ class Scorer:
         metrics.DEFERRED.set(0)
 
     def _score_and_void(self, held: Held) -> None:
-        verdicts = self.model.score([row for _, row in held.likes])
+        verdicts = self.model.verdicts([row for _, row in held.likes])
         # the held batch keeps what it voided: a retry after a failure voids again, idempotently
         for (e, _row), p in zip(held.likes, verdicts.probabilities, strict=True):
             metrics.SCORES.observe(p)

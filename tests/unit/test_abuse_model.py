@@ -1,0 +1,225 @@
+"""The abuse model (services/abuse): generated traffic, features that see only the past, a model
+graded on held-out users, its artefacts, and `likes abuse train|evaluate|models`."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from services.abuse import features, generator, model
+from services.contracts import events, signals
+
+runner = CliRunner()
+COL = {name: i for i, name in enumerate(features.FEATURE_NAMES)}
+SMALL = generator.Traffic(users=300, seed=3)
+
+
+@pytest.fixture(scope="module")
+def trained() -> model.Model:
+    """`likes abuse train`'s model: the default parameters (4000 users; seeds 0-9 all reached
+    the goals when they were set, the lowest at P 0.82, R 0.72, AUC 0.94)."""
+    return model.train(model.TrainParams())
+
+
+def test_the_generator_is_deterministic_for_a_seed_and_sorted_by_time() -> None:
+    likes = generator.generate(SMALL)
+    assert likes == generator.generate(SMALL)
+    assert likes != generator.generate(generator.Traffic(users=300, seed=4))
+    assert [o.ts for o in likes] == sorted(o.ts for o in likes)
+    bots = {o.user_id for o in likes if o.bot}
+    assert bots and {o.user_id for o in likes} - bots  # both classes, no account in both
+    assert not bots & {o.user_id for o in likes if not o.bot}
+    for o in likes:  # what the write path would have accepted (services/contracts/signals.py)
+        assert signals.parse(o.client_ip, o.device, o.account_created) is not None
+        assert isinstance(ipaddress.ip_address(o.client_ip or ""), ipaddress.IPv4Address)
+        assert o.account_created is not None and o.account_created <= o.ts
+
+
+def test_bots_burst_share_devices_and_are_young_more_than_humans() -> None:
+    """The generated classes differ the way the docstring says, and overlap: neither extreme
+    alone separates them (else the model's grade would mean nothing)."""
+    likes = generator.generate(generator.Traffic(users=1500, seed=1))
+    ds = model.featurize(likes)
+    bot, human = ds.X[ds.y], ds.X[~ds.y]
+    for col in ("likes_10s", "device_users_1h", "ip_in_subnet_entropy", "subnet_users_1h"):
+        assert np.nanmean(bot[:, COL[col]]) > np.nanmean(human[:, COL[col]]), col
+    assert np.nanmedian(bot[:, COL["account_age_s"]]) < np.nanmedian(human[:, COL["account_age_s"]])
+    assert np.mean(human[:, COL["likes_10s"]] >= 3) > 0.005  # some humans burst
+    assert np.mean(bot[:, COL["likes_10s"]] <= 1) > 0.2  # many bot likes are slow
+    assert np.mean(bot[:, COL["account_age_s"]] > 30 * 86400) > 0.1  # bought, old accounts
+
+
+def test_a_row_depends_only_on_the_likes_before_it() -> None:
+    likes = generator.generate(SMALL)
+    k = len(likes) // 2
+    whole = model.featurize(likes).X
+    prefix = model.featurize(likes[:k]).X
+    np.testing.assert_array_equal(whole[:k], prefix)  # NaN equals NaN here
+    # a different future (a ring reusing an early like's device and /24) changes nothing before it
+    o = likes[k - 1]
+    future = [features.Observation(f"ring-{i}", "p1", o.ts + 1 + i, o.client_ip, o.device,
+                                   o.ts, bot=True) for i in range(50)]  # fmt: skip
+    np.testing.assert_array_equal(model.featurize(likes[:k] + future).X[:k], prefix)
+    assert model.featurize(likes[:k] + future).X[-1][COL["device_users_1h"]] > 1
+
+
+def _obs(user: str, ts: float, ip: str | None = "10.1.2.3", device: str | None = "d1",
+         created: float | None = 0.0) -> features.Observation:  # fmt: skip
+    return features.Observation(user, "p", ts, ip, device, created)
+
+
+def test_features_count_windows_entropy_and_sharing() -> None:
+    f = features.Features()
+    rows = [f.observe(_obs("a", 1000.0 + i, ip=f"10.1.2.{i + 1}")) for i in range(8)]
+    last = rows[-1]
+    assert last[COL["likes_10s"]] == 8 and last[COL["likes_1h"]] == 8
+    assert last[COL["since_previous_s"]] == 1.0
+    assert rows[0][COL["since_previous_s"]] == features.HORIZON_S
+    assert last[COL["subnet_entropy"]] == 0.0  # one /24 ...
+    assert last[COL["ip_in_subnet_entropy"]] == pytest.approx(3.0)  # ... 8 hosts in it: 3 bits
+    assert last[COL["account_age_s"]] == 1007.0
+    row = f.observe(_obs("b", 1010.0, ip="10.1.2.200"))
+    assert row[COL["subnet_users_1h"]] == 2 and row[COL["ip_users_1h"]] == 1
+    assert row[COL["device_users_1h"]] == 2 and row[COL["subnet_likes_60s"]] == 9
+    assert row[COL["likes_10s"]] == 1  # b's own pace
+
+
+def test_features_expire_after_the_horizon_and_memory_is_bounded() -> None:
+    f = features.Features(max_keys=20)
+    for i in range(100):
+        f.observe(_obs(f"u{i}", 1000.0 + i, ip=f"10.0.{i}.1", device=f"d{i}"))
+    assert all(n <= 20 for n in f.keys().values())
+    later = 1000.0 + 100 + features.HORIZON_S
+    row = f.observe(_obs("u99", later, ip="10.0.99.1", device="d99"))
+    assert row[COL["likes_1h"]] == 1 and row[COL["since_previous_s"]] == features.HORIZON_S
+    assert row[COL["subnet_users_1h"]] == 1 and row[COL["device_users_1h"]] == 1
+    assert f.keys() == {"users": 1, "subnets": 1, "ips": 1, "devices": 1}  # the rest expired
+    for i in range(features.MAX_EVENTS + 500):  # a very fast user: counts saturate, not grow
+        row = f.observe(_obs("fast", later + 1 + i / 1000))
+    assert row[COL["likes_1h"]] == features.MAX_EVENTS
+
+
+def _event(**signals_: object) -> events.LikeEvent:
+    return events.LikeEvent(
+        event_id="e", intent_uuid="i", user_id="u", post_id="p", action="like", reaction="like",
+        delta=1, region="r", shard=0, occurred_at=5_000_000, **signals_,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_a_like_event_gives_the_same_row_and_missing_signals_are_nan() -> None:
+    e = _event(client_ip="10.0.0.1", device="d1", account_created=1_000_000)
+    assert features.Features().observe(e) == features.Features().observe(
+        features.Observation("u", "p", 5000.0, "10.0.0.1", "d1", 1000.0)
+    )
+    row = features.Features().observe(_event())  # written before the signals
+    unknown = {n for n, v in zip(features.FEATURE_NAMES, row, strict=True) if math.isnan(v)}
+    assert unknown == {"subnet_entropy", "ip_in_subnet_entropy", "subnet_users_1h", "ip_users_1h",
+                       "subnet_likes_60s", "device_users_1h", "account_age_s"}  # fmt: skip
+    assert row[COL["likes_1h"]] == 1  # the pace needs no signal
+
+
+def test_the_split_is_by_user_and_keeps_the_classes() -> None:
+    params = model.TrainParams(traffic=SMALL)
+    parts = model.split(model.featurize(generator.generate(SMALL)), params)
+    users = {name: set(ds.users.tolist()) for name, ds in parts.items()}
+    assert not users["train"] & users["validation"]
+    assert not users["train"] & users["held_out"]
+    assert not users["validation"] & users["held_out"]
+    for ds in parts.values():
+        assert 0 < ds.y.sum() < len(ds)
+
+
+def test_the_threshold_keeps_precision_with_confidence_over_users() -> None:
+    """40 users with 10 likes each, scored user by user; the humans among the lower scores. The
+    point precision reaches 0.8 only with every like flagged; the bound stops earlier."""
+    labels = [i not in (15, 25, 30, 33, 35, 36, 38, 39) for i in range(40)]
+    users = np.repeat([f"u{i}" for i in range(40)], 10)
+    y = np.repeat(labels, 10)
+    p = np.repeat(np.linspace(0.99, 0.01, 40), 10)
+    scores, precision, lower, recall = model.precision_bounds(y, p, users)
+    assert list(scores) == sorted(scores, reverse=True) and recall[-1] == 1.0
+    assert np.all(lower <= precision)
+    assert lower[0] == -math.inf  # one user, all bots: no evidence about the next
+    assert 0.4 < lower[1] < 0.5  # two such users: Wilson's bound, 2 / (2 + z^2)
+    t = model.choose_threshold(y, p, users, 0.8)
+    at = list(scores).index(t)
+    assert precision[np.flatnonzero(precision >= 0.8)[-1]] == 0.8  # the point rule: flag all
+    assert t > 0.1 and precision[at] > 0.9 and recall[at] > 0.9  # the bound's choice
+    assert lower[at] >= 0.8 and lower[at + 1] < 0.8  # the lowest that keeps the bound
+    with pytest.raises(model.NoThreshold, match=r"precision 0\.99"):
+        model.choose_threshold(y, p, users, 0.99)
+
+
+def test_a_trained_model_reaches_the_goals_on_held_out_users(trained: model.Model) -> None:
+    held = trained.meta["held_out"]
+    assert held["roc_auc"] >= 0.9, held
+    assert held["precision"] >= 0.8, held
+    assert held["recall"] >= 0.6, held
+    assert held["threshold"] == trained.threshold
+    assert trained.meta["sizes"]["held_out"]["users"] == pytest.approx(800, abs=10)
+    assert trained.meta["training_s"] < 30
+    cal = held["calibration"]
+    assert sum(b["count"] for b in cal) == held["rows"]
+    top = cal[-1]  # what it is sure about, it is right about
+    assert top["low"] == 0.9 and top["observed"] >= 0.9
+
+
+def test_save_and_load_keep_the_predictions(trained: model.Model, tmp_path: Path) -> None:
+    rows = model.featurize(generator.generate(SMALL)).X
+    path = model.save(trained, tmp_path)
+    assert path == tmp_path / trained.version
+    assert model.current_version(tmp_path) == trained.version
+    loaded = model.load(tmp_path)
+    assert loaded.version == trained.version and loaded.threshold == trained.threshold
+    np.testing.assert_array_equal(loaded.probabilities(rows), trained.probabilities(rows))
+    assert [v["version"] for v in model.versions(tmp_path)] == [trained.version]
+    with pytest.raises(model.NoModel, match="no abuse model v0"):
+        model.load(tmp_path, "v0")
+    with pytest.raises(ValueError, match="12 columns"):
+        loaded.probabilities([[1.0, 2.0]])
+    meta = json.loads((path / model.META_FILE).read_text())
+    (path / model.META_FILE).write_text(json.dumps({**meta, "feature_names": ["likes_10s"]}))
+    with pytest.raises(model.IncompatibleModel, match="retrain"):
+        model.load(tmp_path)
+
+
+def test_train_then_evaluate_and_models_on_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LIKES_HOME", str(tmp_path))  # the default directory follows the stack home
+    r = runner.invoke(app, ["abuse", "train", "--users", "600", "--seed", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    trained = json.loads(r.stdout)
+    assert re.fullmatch(r"v\d{8}T\d{6}Z-[0-9a-f]{8}", trained["version"])
+    assert Path(trained["path"]).parent == tmp_path / model.MODELS_SUBDIR
+    r = runner.invoke(app, ["abuse", "evaluate", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert {"precision", "recall", "roc_auc", "threshold", "version", "calibration"} <= set(out)
+    # the saved model, graded on its held-out users generated again, as when it was trained
+    assert out["version"] == trained["version"]
+    keys = ("precision", "recall", "roc_auc", "threshold", "rows", "bots", "calibration")
+    assert {k: out[k] for k in keys} == {k: trained[k] for k in keys}
+    r = runner.invoke(app, ["abuse", "evaluate"])
+    assert r.exit_code == 0 and "calibration" in r.stdout, r.output
+    r = runner.invoke(app, ["abuse", "models", "--json"])
+    listed = json.loads(r.stdout)
+    assert listed["current"] == trained["version"]
+    assert [v["current"] for v in listed["versions"]] == [True]
+
+
+def test_evaluate_without_a_model_exits_2_naming_the_problem(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["abuse", "evaluate", "--model-dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "no current abuse model" in r.output and str(tmp_path) in r.output
+    assert "Traceback" not in r.output
+    r = runner.invoke(app, ["abuse", "evaluate", "--model-dir", str(tmp_path), "--version", "v1"])
+    assert r.exit_code == 2 and "no abuse model v1" in r.output
