@@ -156,8 +156,9 @@ HOTKEY_OPERATOR = Workload(
     uses=("count_cache_nodes", "hot_pools", "etcd_host", TRACES),
 )
 
-# The abuse scorer joins when services/abuse exists (issue: anti-abuse scorer); until then the
-# program deploys nothing for it rather than a pod that crash-loops.
+# The abuse scorer (services/abuse: `python -m services.abuse`, its model server a sidecar) joins
+# once the program can render a sidecar and the local stack trains a model before starting it
+# (issue 13); until then the program deploys nothing for it rather than a pod that cannot serve.
 SERVICES: tuple[Workload, ...] = (
     WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR, CONSUMER_LAG, CANARY
 )  # fmt: skip
