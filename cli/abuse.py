@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli import unvoid
+from cli import audit, unvoid
 from services.abuse import generator, model
 
 app = typer.Typer(
@@ -171,3 +171,37 @@ def models(model_dir: Path | None = ModelDirOpt, as_json: bool = JsonOpt) -> Non
     console.print(t)
     if current is None:
         console.print("[yellow]no version is current: the model server serves none[/yellow]")
+
+
+@app.command()
+def use(
+    version: str = typer.Argument(
+        ..., help="the saved version to serve (see `likes abuse models`)"
+    ),
+    model_dir: Path | None = ModelDirOpt,
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Make VERSION the current model: the model servers load it within their reload interval.
+
+    The rollback of a bad model deploy: `use` the previous version first, then `unvoid` the bad
+    one's voids (the scorer would otherwise void the same likes again on a replay)."""
+    directory = _dir(model_dir)
+    before = model.current_version(directory)
+    if not (directory / version).is_dir():
+        known = ", ".join(str(v.get("version")) for v in model.versions(directory)) or "none"
+        err.print(f"[red]no abuse model {version} in {directory}[/red] (saved: {known})")
+        raise typer.Exit(EXIT_ERROR)
+    if not yes and not typer.confirm(f"Serve abuse model {version} (now {before})?"):
+        raise typer.Abort()
+    try:
+        model.set_current(directory, version)
+    except model.NoModel as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(EXIT_ERROR) from e
+    audit.record("abuse use", {"version": version, "model_dir": str(directory)}, "ok",
+                 {"before": before})  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps({"current": version, "before": before}))
+    else:
+        console.print(f"current abuse model: {version} (was {before})")

@@ -3,6 +3,7 @@ graded on held-out users, its artefacts, and `likes abuse train|evaluate|models`
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import math
@@ -223,3 +224,20 @@ def test_evaluate_without_a_model_exits_2_naming_the_problem(tmp_path: Path) -> 
     assert "Traceback" not in r.output
     r = runner.invoke(app, ["abuse", "evaluate", "--model-dir", str(tmp_path), "--version", "v1"])
     assert r.exit_code == 2 and "no abuse model v1" in r.output
+
+
+def test_use_switches_the_current_version_and_refuses_an_unknown_one(
+    trained: model.Model, tmp_path: Path
+) -> None:
+    # the rollback of a bad deploy: serve the previous version again
+    first = model.save(copy.deepcopy(trained), tmp_path).name
+    # saved again: a new version (save never overwrites one), now current
+    second = model.save(copy.deepcopy(trained), tmp_path).name
+    assert model.current_version(tmp_path) == second != first
+    r = runner.invoke(app, ["abuse", "use", first, "--model-dir", str(tmp_path), "--yes", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"current": first, "before": second}
+    assert model.current_version(tmp_path) == first and model.load(tmp_path).version == first
+    r = runner.invoke(app, ["abuse", "use", "v0-nope", "--model-dir", str(tmp_path), "--yes"])
+    assert r.exit_code == 2 and "no abuse model v0-nope" in r.output and first in r.output
+    assert model.current_version(tmp_path) == first  # unchanged
