@@ -22,8 +22,8 @@ Failure modes (the seed's, issue 13):
 Features are computed once per event, when it is first read (services/abuse/features.py), so a
 held batch is retried with the same rows. The feature state is this process's: it sees the
 partitions it owns. (likes.committed is keyed by post, so with several replicas a user's likes
-spread over them and per-user rates read low; the program runs the scorer as one replica per
-region until the state moves to a user-keyed topic. Written down in the issue's notes.)
+spread over them and per-user rates read low: the scorer must run as one replica per region
+until the state moves to a user-keyed topic. Written down in the issue's notes.)
 """
 
 from __future__ import annotations
