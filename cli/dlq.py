@@ -51,15 +51,9 @@ class DlqError(Exception):
 
 
 @dataclass
-class Letter:
+class Letter(topic_read.Record):
     """One dead letter as read from the topic."""
 
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, Any]]
     h: dict[str, str] = field(default_factory=dict)
     event: events.LikeEvent | None = None  # decoded and checked now
     decoded: events.LikeEvent | None = None  # decoded, whether the checks passed or not

@@ -18,8 +18,10 @@ class ReadError(Exception):
     """Kafka failed us, or the topic is missing: nothing was read."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Record:
+    """One record of a topic (cli/dlq.py's Letter adds what a dead letter carries)."""
+
     partition: int
     offset: int
     timestamp_ms: int

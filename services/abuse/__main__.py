@@ -11,6 +11,8 @@ from services.abuse.main import build
 from services.abuse.settings import ScorerSettings
 from services.common import heap, observability, worker_http
 
+NAME = "abuse-scorer"  # its logs' and spans' service name (its workload name, once it is one)
+
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m services.abuse", description=__doc__)
@@ -19,8 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     settings = ScorerSettings()
-    log = observability.setup_logging("abuse-scorer", settings.log_level)
-    observability.setup_tracing("abuse-scorer", settings.otlp_endpoint)
+    log = observability.setup_logging(NAME, settings.log_level)
+    observability.setup_tracing(NAME, settings.otlp_endpoint)
     built = build(settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

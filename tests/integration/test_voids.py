@@ -56,6 +56,22 @@ def like_event(user: str, post: str, intent: str, region: str) -> events.LikeEve
                                 reaction="like", delta=1, region=region)  # fmt: skip
 
 
+def liked_twice(
+    stack: Stack, api: LikesClient, prefix: str, tag: str, kinds: tuple[str, ...]
+) -> tuple[dict[str, str], dict[str, str], dict[str, str], str]:
+    """A post per kind, liked by its own user (post, user and intent by kind) and by one
+    bystander, both counted. The bystander's like makes a count one too low read 0, not a
+    -1 the read path clamps to 0."""
+    post = {k: f"{prefix}-{k}-{tag}" for k in kinds}
+    user = {k: f"u-{k}-{tag}" for k in kinds}
+    intent = {k: like(stack, api, user[k], post[k]) for k in kinds}
+    bystander = f"u-bystander-{tag}"
+    for p in post.values():
+        like(stack, api, bystander, p)
+    wait_for(lambda: all(api.count(p)["count"] == 2 for p in post.values()), "likes counted", 60)
+    return post, user, intent, bystander
+
+
 def edge(cql: Session, user: str, post: str) -> tuple[str, bool, uuid.UUID | None]:
     row = cql.execute(
         "SELECT state, void, void_id FROM edges WHERE user_id = %s AND kind = 'edge' AND ref = %s",
@@ -70,14 +86,7 @@ def test_voids_and_unvoids_keep_counts_equal_to_the_non_void_edges(
     tag = uuid.uuid4().hex[:8]
     region = stack.settings().region
     kinds = ("voided", "unliked", "unvoided", "relike", "relayed", "control")
-    post = {k: f"void-{k}-{tag}" for k in kinds}
-    user = {k: f"u-{k}-{tag}" for k in post}
-    intent = {k: like(stack, api, user[k], post[k]) for k in post}
-    # a bystander's like on every post: a count one too low then reads 0, not a clamped -1
-    bystander = f"u-bystander-{tag}"
-    for p in post.values():
-        like(stack, api, bystander, p)
-    wait_for(lambda: all(api.count(p)["count"] == 2 for p in post.values()), "likes counted", 60)
+    post, user, intent, bystander = liked_twice(stack, api, "void", tag, kinds)
 
     # voided: the edge's current intent, once; a retry finds its own void, another model's void
     # finds the edge void already
@@ -171,13 +180,7 @@ def test_a_bad_models_voids_are_undone_and_counts_return_exactly(
     tag = uuid.uuid4().hex[:8]
     region = stack.settings().region
     bad, good = f"bad-{tag}", f"good-{tag}"
-    post = {k: f"unvoid-{k}-{tag}" for k in ("restored", "unliked", "good")}
-    user = {k: f"u-{k}-{tag}" for k in post}
-    intent = {k: like(stack, api, user[k], post[k]) for k in post}
-    bystander = f"u-bystander-{tag}"
-    for p in post.values():
-        like(stack, api, bystander, p)
-    wait_for(lambda: all(api.count(p)["count"] == 2 for p in post.values()), "likes counted", 60)
+    post, user, intent, _ = liked_twice(stack, api, "unvoid", tag, ("restored", "unliked", "good"))
     for k, model in (("restored", bad), ("unliked", bad), ("good", good)):
         assert voider.void(like_event(user[k], post[k], intent[k], region), model, 0.95).applied
     like(stack, api, user["unliked"], post["unliked"], "unlike")  # while void: no second -1
