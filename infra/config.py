@@ -200,11 +200,14 @@ class CdnConfig(_Model):
         return self
 
 
-class ServiceScale(_Model):
-    min_replicas: Count
-    max_replicas: Count
+class ContainerSize(_Model):
     cpu: str = "500m"
     memory_mi: Count = 512
+
+
+class ServiceScale(ContainerSize):
+    min_replicas: Count
+    max_replicas: Count
 
 
 class ServicesConfig(_Model):
@@ -221,6 +224,17 @@ class ServicesConfig(_Model):
     )
     # one canary user per region: a second replica would flip the same likes
     canary: ServiceScale = ServiceScale(min_replicas=1, max_replicas=1, cpu="100m", memory_mi=256)
+    # One per region: a user's pace and networks are the scorer's own state, and likes.committed
+    # is keyed by post, so a second replica would see each user's likes split in two (half the
+    # pace: a storm scored as two humans). Scaling out needs a user-keyed topic first
+    # (services/abuse/scorer.py).
+    abuse_scorer: ServiceScale = ServiceScale(
+        min_replicas=1, max_replicas=1, cpu="1", memory_mi=1024
+    )
+    abuse_model: ContainerSize = ContainerSize(cpu="1", memory_mi=512)  # its sidecar
+    # the abuse model's versions, shared by every scorer pod and by the training job that
+    # publishes them: a ReadWriteMany class (EFS on EKS)
+    abuse_models_storage_class: str = "efs-sc"
     operator_image: str
 
 

@@ -227,9 +227,12 @@ def main() -> None:
                     workloads.AGGREGATOR.name: cfg.services.aggregator,
                     workloads.CONSUMER_LAG.name: cfg.services.consumer_lag,
                     workloads.CANARY.name: cfg.services.canary,
+                    workloads.ABUSE_SCORER.name: cfg.services.abuse_scorer,
                 },
                 env,
+                {workloads.ABUSE_MODEL.name: cfg.services.abuse_model},
             ),
+            models_storage_class=cfg.services.abuse_models_storage_class,
             redis_password=secret_password,
             cdn_purge_token=pulumi.Output.secret(cfg.cdn_purge_token.get_secret_value()),
             canary_token=pulumi.Output.secret(cfg.canary_token.get_secret_value()),
@@ -365,6 +368,8 @@ def workload_env(
             "canary_token": kx.SecretRef(services.CANARY_SECRET, logins.CANARY_TOKEN_KEY),
         },
         workloads.HOTKEY_OPERATOR.name: {"hot_pools": ",".join(hot_pools)},
+        # its model server: the pod's sidecar, on localhost
+        workloads.ABUSE_SCORER.name: {"abuse_model_target": workloads.ABUSE_MODEL.target},
     }
     return {
         w.name: w.settings_class().render_env({**common, **extra.get(w.name, {})})

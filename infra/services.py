@@ -1,5 +1,7 @@
-"""Our services (write, read, hot-key sampler, outbox relay, aggregator): Deployments,
-Services, HPAs, PDBs and ServiceAccounts (who may reach them: infra/netpol.py)."""
+"""Our services (write, read, hot-key sampler, outbox relay, aggregator, consumer-lag, canary,
+abuse scorer): Deployments, Services, HPAs, PDBs and ServiceAccounts (who may reach them:
+infra/netpol.py); a workload's sidecar (the abuse model server) is a second container of its
+pods."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from infra import k8s as kx
 from infra import observability
 from infra import redis as redis_infra
 from infra import tls as tls_infra
-from infra.config import ServiceScale
+from infra.config import ContainerSize, ServiceScale
 from services.contracts import etcd, logins, registry, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.schema import cql_roles
@@ -21,6 +23,8 @@ from services.schema import cql_roles
 AUTH_SECRET = redis_infra.AUTH_SECRET  # the Redis password Secret infra/redis.py creates
 CDN_PURGE_SECRET = "cdn-purge"  # key `token`: the aggregator purges the CDN with it
 CANARY_SECRET = logins.CANARY_SECRET  # the canary user's bearer token (services/canary)
+MODELS_CLAIM = "abuse-models"  # the abuse model's versions (ReadWriteMany: every scorer pod)
+MODELS_SIZE = "5Gi"  # a version is ~1 MB (model.joblib + meta.json): room for thousands
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class ServiceSpec:
     workload: workloads.Workload  # name, command, port and probes: the one definition
     scale: ServiceScale
     env: Mapping[str, object]  # LIKES_* name -> value or kx.SecretRef, rendered from settings
+    sidecar: ContainerSize | None = None  # the sidecar's size, when the workload has one
 
     @property
     def name(self) -> str:
@@ -50,14 +55,21 @@ class ServicesArgs:
     cassandra_password: pulumi.Input[str]
     kafka_password: pulumi.Input[str]
     registry_password: pulumi.Input[str]
+    models_storage_class: str = "efs-sc"  # MODELS_CLAIM's class
     cert_depends_on: tuple[pulumi.Resource, ...] = ()  # the internal CA's issuer
 
 
 def service_specs(
-    scales: Mapping[str, ServiceScale], env: Mapping[str, Mapping[str, object]]
+    scales: Mapping[str, ServiceScale],
+    env: Mapping[str, Mapping[str, object]],
+    sidecars: Mapping[str, ContainerSize],
 ) -> list[ServiceSpec]:
-    """One spec per workload of the contract; `scales` and `env` are keyed by workload name."""
-    return [ServiceSpec(w, scales[w.name], env[w.name]) for w in workloads.SERVICES]
+    """One spec per workload of the contract; `scales` and `env` are keyed by workload name,
+    `sidecars` by sidecar name."""
+    return [
+        ServiceSpec(w, scales[w.name], env[w.name], sidecars[w.sidecar.name] if w.sidecar else None)
+        for w in workloads.SERVICES
+    ]
 
 
 class Services(pulumi.ComponentResource):
@@ -85,6 +97,20 @@ class Services(pulumi.ComponentResource):
                 metadata=kx.meta(secret, ns, kx.labels("likes", secret, "app")),
                 type="Opaque",
                 string_data=data,
+                opts=child,
+            )
+        if any(spec.workload.sidecar is workloads.ABUSE_MODEL for spec in args.services):
+            # the training job publishes versions here; the model servers read them
+            k8s.core.v1.PersistentVolumeClaim(
+                MODELS_CLAIM,
+                metadata=kx.meta(MODELS_CLAIM, ns, kx.labels("likes", MODELS_CLAIM, "app")),
+                spec=kx.core.PersistentVolumeClaimSpecArgs(
+                    access_modes=["ReadWriteMany"],
+                    storage_class_name=args.models_storage_class,
+                    resources=kx.core.VolumeResourceRequirementsArgs(
+                        requests={"storage": MODELS_SIZE}
+                    ),
+                ),
                 opts=child,
             )
         self.upstreams = {}
@@ -136,6 +162,15 @@ class Services(pulumi.ComponentResource):
             security_context=kx.security(),
             volume_mounts=[kx.mount("tmp", "/tmp"), kx.mount("tls", tls.MOUNT_DIR, True)],
         )
+        containers, volumes = [container], [kx.empty_dir("tmp")]
+        if spec.workload.sidecar is not None:
+            containers.append(self._sidecar(spec.workload.sidecar, spec, args.image))
+            volumes.append(kx.core.VolumeArgs(
+                name="models",
+                persistent_volume_claim=kx.core.PersistentVolumeClaimVolumeSourceArgs(
+                    claim_name=MODELS_CLAIM, read_only=True
+                ),
+            ))  # fmt: skip
         secret, cert = tls_infra.workload_certificate(spec.name, ns, self, args.cert_depends_on)
         k8s.apps.v1.Deployment(
             spec.name,
@@ -157,8 +192,8 @@ class Services(pulumi.ComponentResource):
                         security_context=kx.pod_security(),
                         node_selector=kx.node_selector("services"),
                         topology_spread_constraints=kx.zone_spread(match),
-                        containers=[container],
-                        volumes=[kx.empty_dir("tmp"), tls_infra.cert_volume("tls", secret)],
+                        containers=containers,
+                        volumes=[*volumes, tls_infra.cert_volume("tls", secret)],
                     ),
                 ),
             ),
@@ -176,6 +211,32 @@ class Services(pulumi.ComponentResource):
             child,
         )
         kx.pdb(spec.name, ns, match, lbls, child, max_unavailable="10%")
+
+    @staticmethod
+    def _sidecar(
+        sidecar: workloads.Sidecar, spec: ServiceSpec, image: str
+    ) -> kx.core.ContainerArgs:
+        """The sidecar: its own probes on its own ops port (its metrics are not scraped: the
+        pod's scrape annotations name one port, the workload's). Only the pod reaches its port."""
+        size = spec.sidecar or ContainerSize()
+        return kx.core.ContainerArgs(
+            name=sidecar.name,
+            image=image,
+            command=sidecar.command(),
+            env=kx.env({"PYTHONDONTWRITEBYTECODE": "1"}),
+            ports=[
+                kx.core.ContainerPortArgs(name="grpc", container_port=sidecar.port),
+                kx.core.ContainerPortArgs(name="ops", container_port=sidecar.ops_port),
+            ],
+            resources=kx.resources(size.cpu, f"{size.memory_mi}Mi", cpu_limit=_double(size.cpu)),
+            liveness_probe=kx.http_probe(workloads.HEALTH_PATH, sidecar.ops_port, delay=5),
+            readiness_probe=kx.http_probe(workloads.READY_PATH, sidecar.ops_port, period=5),
+            security_context=kx.security(),
+            volume_mounts=[
+                kx.mount("tmp", "/tmp"),
+                kx.mount("models", workloads.MODELS_MOUNT, read_only=True),
+            ],
+        )
 
 
 def _double(cpu: str) -> str:

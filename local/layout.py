@@ -141,6 +141,18 @@ class Ports:
         return self._p(8900)  # metrics/health only
 
     @property
+    def abuse_scorer(self) -> int:
+        return self._p(8950)  # metrics/health only
+
+    @property
+    def abuse_model(self) -> int:
+        return self._p(8960)  # the scorer's sidecar: gRPC (its pod's loopback in a cluster)
+
+    @property
+    def abuse_model_ops(self) -> int:
+        return self._p(8970)
+
+    @property
     def issuer(self) -> int:
         return self._p(8700)  # the local identity provider (JWKS)
 
@@ -225,6 +237,12 @@ class Layout:
     @property
     def data(self) -> Path:
         return self.home / "data"
+
+    @property
+    def abuse_models(self) -> Path:
+        """The abuse model's versions and `current` (`likes abuse train|use`; the model server
+        reads them for the program's models claim)."""
+        return self.home / "abuse-models"
 
     @property
     def conf(self) -> Path:

@@ -107,6 +107,22 @@ TRANSFORMS: tuple[Transform, ...] = (
         "cert-manager's Secrets are files of the stack's home here; plaintext starts faster and "
         "is what the benchmarks measure",
     ),
+    Transform(
+        "sidecar",
+        "pod",
+        "a workload's sidecar container (the abuse model server) -> its own process, started "
+        "before the workload; the workload dials it at its local port instead of the pod's "
+        "loopback",
+        "no pods here; a process of its own is also what makes `model server down` a real "
+        "process going away",
+    ),
+    Transform(
+        "models-volume",
+        "command",
+        f"the abuse-models claim mounted at {workloads.MODELS_MOUNT} -> <stack home>/"
+        "abuse-models (a first start trains the default model there)",
+        "no PersistentVolumes here; `likes abuse train|use` write the same folder",
+    ),
     Transform("replicas", "replicas", "replicas and HPA bounds -> 1 process", "one machine"),
     Transform(
         "partitions",
@@ -168,6 +184,8 @@ def local_port(layout: Layout, workload: str) -> int:
         workloads.HOTKEY_OPERATOR.name: p.hotkey_operator,
         workloads.CONSUMER_LAG.name: p.consumer_lag,
         workloads.CANARY.name: p.canary,
+        workloads.ABUSE_SCORER.name: p.abuse_scorer,
+        workloads.ABUSE_MODEL.name: p.abuse_model,
     }[workload]
 
 
@@ -178,6 +196,7 @@ def local_ops_port(layout: Layout, workload: str) -> int:
         workloads.WRITE.name: p.write_ops,
         workloads.READ.name: p.read_ops,
         workloads.HOTKEY_SAMPLER.name: p.hotkey_sampler_ops,
+        workloads.ABUSE_MODEL.name: p.abuse_model_ops,
     }.get(workload) or local_port(layout, workload)
 
 
@@ -228,6 +247,7 @@ def _addresses(layout: Layout) -> dict[str, str | None]:
         "etcd_host": HOST,
         "etcd_port": str(p.etcd_client),
         "hot_pools": ",".join(f"{HOST}:{x}" for x in p.hot_pools),
+        "abuse_model_target": f"{HOST}:{p.abuse_model}",  # the sidecar transform
     }
 
 
@@ -257,6 +277,12 @@ class Process:
     liveness_path: str
     readiness_path: str
     applied: dict[str, list[str]] = field(default_factory=dict)  # transform id -> what changed
+    sidecar: workloads.Sidecar | None = None  # this process is the workload's sidecar
+
+    @property
+    def name(self) -> str:
+        """The local server's name: the workload's, or its sidecar's."""
+        return self.sidecar.name if self.sidecar else self.workload.name
 
 
 def _command(
@@ -308,6 +334,40 @@ def _command(
         raise Disagreement(w.name, "command", f"unknown interpreter {cmd[0]!r}")
     applied.append("interpreter")
     return [sys.executable, *cmd[1:]], applied
+
+
+def sidecar_process(
+    layout: Layout, w: workloads.Workload, sc: workloads.Sidecar, c: rendered.Container
+) -> Process:
+    """The workload's sidecar as its own process (the sidecar transform)."""
+    port, ops_port = local_port(layout, sc.name), local_ops_port(layout, sc.name)
+    cmd = list(c.command)
+    if cmd[:3] != ["python", "-m", sc.module]:
+        raise Disagreement(sc.name, "command", f"expected python -m {sc.module}: {cmd}")
+    applied: dict[str, list[str]] = {"sidecar": ["pod"], "interpreter": ["command"]}
+    for flag, old, new, tid in (
+        ("--host", workloads.BIND_ALL, HOST, "bind-address"),
+        ("--port", str(sc.port), str(port), "port"),
+        ("--ops-port", str(sc.ops_port), str(ops_port), "port"),
+        ("--model-dir", workloads.MODELS_MOUNT, str(layout.abuse_models), "models-volume"),
+    ):
+        if flag not in cmd or cmd[cmd.index(flag) + 1] != old:
+            raise Disagreement(sc.name, "command", f"expected {flag} {old}: {cmd}")
+        cmd[cmd.index(flag) + 1] = new
+        applied.setdefault(tid, []).append("command")
+    env = {k: v for k, v in c.env.items() if isinstance(v, str)}
+    env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+    return Process(
+        workload=w,
+        argv=[sys.executable, *cmd[1:]],
+        env=env,
+        port=port,
+        ops_port=ops_port,
+        liveness_path=c.liveness.path if c.liveness else workloads.HEALTH_PATH,
+        readiness_path=c.readiness.path if c.readiness else workloads.READY_PATH,
+        applied=applied,
+        sidecar=sc,
+    )
 
 
 def local_process(layout: Layout, w: workloads.Workload, c: rendered.Container) -> Process:
@@ -394,6 +454,11 @@ def processes(layout: Layout, stack: str, check: bool = True) -> list[Process]:
         container = r.container(w.name)
         if check:
             _check_probes(w, container)
+        if w.sidecar is not None:  # started first: the workload dials it
+            side = r.container(w.name, w.sidecar.name)
+            if check:
+                _check_probes(w, side, w.sidecar)
+            out.append(sidecar_process(layout, w, w.sidecar, side))
         p = local_process(layout, w, container)
         if check:
             check_settings(p)
@@ -405,22 +470,25 @@ def workload_env(layout: Layout, workload: str) -> dict[str, str]:
     """The LIKES_* env the stack gives one rendered workload (what `likes local up` starts it
     with): for a tool that must reach the stores exactly as that workload does."""
     for p in processes(layout, layout.stack, check=False):
-        if p.workload.name == workload:
+        if p.name == workload:
             return {k: v for k, v in p.env.items() if k.startswith("LIKES_")}
     raise KeyError(workload)
 
 
-def _check_probes(w: workloads.Workload, c: rendered.Container) -> None:
-    port = w.ops_port
+def _check_probes(
+    w: workloads.Workload, c: rendered.Container, sidecar: workloads.Sidecar | None = None
+) -> None:
+    name = sidecar.name if sidecar else w.name
+    port = sidecar.ops_port if sidecar else w.ops_port
     for kind, probe, path in (
         ("livenessProbe", c.liveness, workloads.HEALTH_PATH),
-        ("readinessProbe", c.readiness, w.ready_path),
+        ("readinessProbe", c.readiness, workloads.READY_PATH if sidecar else w.ready_path),
     ):
         if probe is None:
-            raise Disagreement(w.name, kind, "the program renders none")
+            raise Disagreement(name, kind, "the program renders none")
         if probe.path != path or probe.port != port:
             raise Disagreement(
-                w.name, kind, f"{probe.path} on {probe.port}; the code serves {path} on {port}"
+                name, kind, f"{probe.path} on {probe.port}; the code serves {path} on {port}"
             )
 
 

@@ -18,14 +18,26 @@ class Workload(Component):
     def __init__(self, layout: Layout, process: transforms.Process) -> None:
         super().__init__(layout)
         self.process = process
-        self.name = process.workload.name
-        self.requires = (*STORES, "hot-pools") if process.workload.kind == "operator" else STORES
-        if "gateway_url" in process.workload.uses:  # the canary calls the API through it
+        self.name = process.name
+        w = process.workload
+        self.requires = (*STORES, "hot-pools") if w.kind == "operator" else STORES
+        if "gateway_url" in w.uses:  # the canary calls the API through it
             self.requires = (*self.requires, Gateway.name)
+        if process.sidecar is not None:  # the sidecar needs no store; its workload dials it
+            self.requires = ()
+        elif w.sidecar is not None:
+            self.requires = (*self.requires, w.sidecar.name)
+
+    def prepare(self) -> None:
+        if self.process.sidecar is workloads.ABUSE_MODEL:
+            _first_model(self.layout)
 
     @property
     def url(self) -> str:
-        """The API (https with the gateway's mTLS in the --tls profile) or a worker's ops port."""
+        """The API (https with the gateway's mTLS in the --tls profile), a worker's ops port, or
+        a sidecar's own port (the model server's gRPC)."""
+        if self.process.sidecar is not None:
+            return f"{HOST}:{self.process.port}"
         mtls = self.process.workload.kind == "http" and self.layout.tls
         return f"{'https' if mtls else 'http'}://{HOST}:{self.process.port}"
 
@@ -53,7 +65,18 @@ class Workload(Component):
         ]
 
     def metrics_targets(self) -> list[str]:
+        if self.process.sidecar is not None:
+            return []  # as in the cluster: a pod's scrape annotations name the workload's port
         return [f"{HOST}:{self.process.ops_port}"]
+
+
+def _first_model(layout: Layout) -> None:
+    """A first start trains the default model (what `likes abuse train` does, ~10 s), so the
+    model server has one to serve; a stack that has one keeps it (and its `current`)."""
+    from services.abuse import model  # scikit-learn: only when a model server starts
+
+    if model.current_version(layout.abuse_models) is None:
+        model.save(model.train(), layout.abuse_models)
 
 
 def build(layout: Layout, strict: bool = True) -> list[Component]:

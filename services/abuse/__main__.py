@@ -10,8 +10,9 @@ import threading
 from services.abuse.main import build
 from services.abuse.settings import ScorerSettings
 from services.common import heap, observability, worker_http
+from services.contracts import workloads
 
-NAME = "abuse-scorer"  # its logs' and spans' service name (its workload name, once it is one)
+NAME = workloads.ABUSE_SCORER.name  # its logs' and spans' service name
 
 
 def main(argv: list[str] | None = None) -> None:

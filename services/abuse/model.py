@@ -53,7 +53,6 @@ from sklearn.model_selection import GroupKFold
 
 from services.abuse import features, generator
 
-MODELS_SUBDIR = "abuse-models"  # under the local stack's home
 MODEL_FILE, META_FILE, CURRENT = "model.joblib", "meta.json", "current"
 SPLITS = ("train", "validation", "held_out")
 Z_95 = 1.645  # one-sided 95 %: the threshold's precision bound
@@ -353,7 +352,7 @@ def default_dir() -> Path:
     .stack); a deployed model server is always given its directory."""
     from local import layout
 
-    return layout.from_env().home / MODELS_SUBDIR
+    return layout.from_env().abuse_models
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -33,6 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.abuse import features, model
 from services.abuse.settings import MODEL_PORT
+from services.contracts import workloads
 
 SERVICE = "likes.abuse.v1.Model"
 SCORE = "Score"
@@ -209,12 +210,12 @@ class ModelClient:
         self.close()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from services.common import observability, worker_http
-
+def parser() -> argparse.ArgumentParser:
+    """The flags the program renders into the sidecar's command (tests parse them with this)."""
     ap = argparse.ArgumentParser(
+        prog=f"python -m {workloads.ABUSE_MODEL.module}",
         description="Serve the abuse model over gRPC (likes.abuse.v1.Model/Score, grpc.health.v1) "
-        "until SIGTERM."
+        "until SIGTERM.",
     )
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=MODEL_PORT, help="gRPC (0: any free port)")
@@ -225,9 +226,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="the versions and `current` (default: abuse-models in the local stack's "
                     "home)")  # fmt: skip
     ap.add_argument("--reload-s", type=float, default=RELOAD_S, help="how often to look at current")
-    args = ap.parse_args(argv)
+    return ap
 
-    observability.setup_logging("abuse-model-server")
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from services.common import observability, worker_http
+
+    args = parser().parse_args(argv)
+
+    observability.setup_logging(workloads.ABUSE_MODEL.name)
     stop = worker_http.stop_event()
     server = ModelServer(args.model_dir or model.default_dir(), args.port, args.host).start()
     ops = None

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from services.contracts import events
+from services.contracts import events, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts.settings import Settings
 
-MODEL_PORT = 50051  # the model server's gRPC port, in the scorer's pod (a sidecar: localhost)
+MODEL_PORT = workloads.ABUSE_MODEL.port  # the model server's gRPC port (the pod's sidecar)
 
 
 class ScorerSettings(Settings):
     abuse_group_id: str = kafka_contract.ABUSE_GROUP
     # topic names behind this prefix (a test or a benchmark runs on its own copies of the topics)
     abuse_topic_prefix: str = ""
-    abuse_model_target: str = f"127.0.0.1:{MODEL_PORT}"  # host:port of the model server
+    abuse_model_target: str = workloads.ABUSE_MODEL.target  # host:port of the model server
     abuse_model_timeout_s: float = Field(default=2.0, gt=0)  # one Score call's deadline
     abuse_batch: int = Field(default=500, gt=0)  # events per consume and per Score call
     abuse_retry_max_s: float = Field(default=5.0, gt=0)  # backoff cap while deferring

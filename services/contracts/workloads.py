@@ -27,6 +27,7 @@ BIND_ALL = "0.0.0.0"  # a pod's probes and scrapes arrive on its pod IP
 NAMESPACE = "likes"  # where the program runs them (the names their certificates carry)
 
 Kind = Literal["http", "worker", "operator"]
+MODELS_MOUNT = "/models"  # the abuse model's versions and `current` (services/abuse/model.py)
 
 # Settings fields that name a server a workload connects to, each with the field that holds the
 # port when the address carries none. A workload lists in `uses` the ones its code reads (a test
@@ -48,6 +49,28 @@ SERVERS: dict[str, str | None] = {
 
 
 @dataclass(frozen=True)
+class Sidecar:
+    """A second container of a workload's pod, which the workload calls on localhost (the pod's
+    own network: no Service, no NetworkPolicy between them). Probed and served like a worker:
+    /healthz, /readyz and /metrics on its own ops port, plain HTTP."""
+
+    name: str  # container name; the local stack's server name
+    module: str  # the `python -m` module
+    port: int  # what the workload calls, on 127.0.0.1
+    ops_port: int
+    args: tuple[str, ...] = ()  # its other flags, as the container runs them
+
+    def command(self, host: str = BIND_ALL) -> list[str]:
+        return ["python", "-m", self.module, "--host", host, "--port", str(self.port),
+                "--ops-port", str(self.ops_port), *self.args]  # fmt: skip
+
+    @property
+    def target(self) -> str:
+        """host:port the workload dials (the same pod)."""
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str  # Deployment, Service, app label, local server name and `service` metric label
     kind: Kind
@@ -56,6 +79,7 @@ class Workload:
     port: int  # http: the API (mTLS); worker, operator: the ops port
     uses: tuple[str, ...] = ()  # keys of SERVERS: the servers it connects to
     ops_port: int = OPS_PORT  # /healthz, /readyz, /metrics: plain HTTP, never the API
+    sidecar: Sidecar | None = None  # a second container of its pod
 
     def command(self, host: str = BIND_ALL, port: int | None = None) -> list[str]:
         """The container command (the local stack transforms interpreter, host, ports and the
@@ -156,11 +180,30 @@ HOTKEY_OPERATOR = Workload(
     uses=("count_cache_nodes", "hot_pools", "etcd_host", TRACES),
 )
 
-# The abuse scorer (services/abuse: `python -m services.abuse`, its model server a sidecar) joins
-# once the program can render a sidecar and the local stack trains a model before starting it
-# (issue 13); until then the program deploys nothing for it rather than a pod that cannot serve.
+# The abuse model server (services/abuse/model_server.py): gRPC likes.abuse.v1.Model/Score and
+# grpc.health.v1 on `port`, the versions read from MODELS_MOUNT (re-read every few seconds, so
+# `likes abuse use` needs no restart).
+ABUSE_MODEL = Sidecar(
+    "abuse-model",
+    "services.abuse.model_server",
+    50051,
+    OPS_PORT + 1,
+    args=("--model-dir", MODELS_MOUNT),
+)
+ABUSE_SCORER = Workload(
+    "abuse-scorer",
+    "worker",
+    "services.abuse",
+    "services.abuse.settings:ScorerSettings",
+    OPS_PORT,
+    # likes.committed and likes.voided; the edges it voids; the degraded-account list
+    uses=("idem_store_nodes", "cassandra_hosts", "kafka_bootstrap", "schema_registry_url",
+          TRACES),
+    sidecar=ABUSE_MODEL,
+)  # fmt: skip
+
 SERVICES: tuple[Workload, ...] = (
-    WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR, CONSUMER_LAG, CANARY
+    WRITE, READ, HOTKEY_SAMPLER, OUTBOX_RELAY, AGGREGATOR, CONSUMER_LAG, CANARY, ABUSE_SCORER
 )  # fmt: skip
 ALL: tuple[Workload, ...] = (*SERVICES, HOTKEY_OPERATOR)
 BY_NAME = {w.name: w for w in ALL}

@@ -53,6 +53,7 @@ from infra import scylla as infra_scylla
 from infra import services as infra_services
 from operators.hotkeys import handlers
 from operators.hotkeys.policy import InvalidPolicy, Policy
+from services.abuse import model_server
 from services.aggregator.settings import AggregatorSettings
 from services.common import worker_http
 from services.contracts import clients, etcd, events, registry, routes, tls, workloads
@@ -104,11 +105,14 @@ def _probe(raw: dict[str, Any]) -> tuple[str, int]:
     return raw["httpGet"]["path"], int(raw["httpGet"]["port"])
 
 
-def container_of(p: plan.Plan, w: workloads.Workload) -> Container:
-    """The one container of the workload's Deployment (Deployments are named by workload)."""
+def container_of(p: plan.Plan, w: workloads.Workload, name: str | None = None) -> Container:
+    """The workload's container of its Deployment (Deployments are named by workload), or the
+    one `name`d (a sidecar); a pod holds nothing else."""
     dep = named(p, "Deployment", w.name).inputs
     template = dep["spec"]["template"]
-    (c,) = template["spec"]["containers"]
+    main, *sidecars = template["spec"]["containers"]
+    assert [s["name"] for s in sidecars] == ([w.sidecar.name] if w.sidecar else [])
+    c = main if name is None else next(s for s in sidecars if s["name"] == name)
     env: dict[str, str | SecretKey] = {}
     for e in c.get("env", []):
         ref = e.get("valueFrom", {}).get("secretKeyRef")
@@ -223,6 +227,33 @@ def test_the_workload_binds_all_interfaces_on_the_port_its_probes_hit(
     if c.annotations.get("prometheus.io/scrape") == "true":
         assert c.annotations["prometheus.io/port"] == str(port)
         assert c.annotations["prometheus.io/path"] == workloads.METRICS_PATH
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_abuse_scorer_dials_its_model_sidecar_which_reads_the_models_claim(
+    plans: dict[str, plan.Plan], build_settings: Callable[..., Settings], stack: str
+) -> None:
+    p, w, sidecar = plans[stack], workloads.ABUSE_SCORER, workloads.ABUSE_MODEL
+    scorer = build_settings(w, likes_env(container_of(p, w)))
+    c = container_of(p, w, sidecar.name)
+    # the sidecar's command, parsed by the model server's own flags (an unknown one exits)
+    module = ["python", "-m", sidecar.module]
+    assert c.command[:3] == module
+    args = model_server.parser().parse_args(c.command[3:])
+    # it serves on every interface (the kubelet probes the pod IP) the port the scorer dials on
+    # the pod's loopback, and its probes hit the ops port it serves
+    assert scorer.abuse_model_target == f"127.0.0.1:{args.port}"  # type: ignore[attr-defined]
+    assert args.host == workloads.BIND_ALL and sorted(c.ports) == sorted([args.port, args.ops_port])
+    assert c.liveness == (workloads.HEALTH_PATH, args.ops_port)
+    assert c.readiness == (workloads.READY_PATH, args.ops_port)
+    # the models it reads are the shared claim's (ReadWriteMany: every scorer pod, the trainer)
+    pod = named(p, "Deployment", w.name).inputs["spec"]["template"]["spec"]
+    (raw,) = [x for x in pod["containers"] if x["name"] == sidecar.name]
+    (mount,) = [m for m in raw["volumeMounts"] if m["mountPath"] == str(args.model_dir)]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    claim = named(p, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert claim.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert mount.get("readOnly") is True  # the trainer publishes; a server only reads
 
 
 @pytest.mark.parametrize(

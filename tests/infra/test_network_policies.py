@@ -124,7 +124,7 @@ def model(p: plan.Plan) -> Model:
                 if q.get("name") == "metrics"
             }
             if md["namespace"] == APPS and md["name"] in workloads.BY_NAME:
-                (c,) = t["spec"]["containers"]
+                c = t["spec"]["containers"][0]  # the workload's own (a sidecar comes after)
                 env[md["name"]] = {e["name"]: e["value"] for e in c["env"] if "value" in e}
         elif kind == "Service":
             services[(md["namespace"], md["name"])] = r.inputs["spec"]["selector"]

@@ -94,7 +94,7 @@ def test_every_workload_mounts_its_certificate_where_its_settings_find_the_ca(
     for w in workloads.ALL:
         dep = named(stack_plan, "Deployment", w.name).inputs
         pod = dep["spec"]["template"]["spec"]
-        (c,) = pod["containers"]
+        c = pod["containers"][0]  # the workload's own (a sidecar comes after)
         ns = dep["metadata"]["namespace"]
         env = likes_env(container_of(stack_plan, w))
         ca_file = env[Settings.env_name("tls_ca_file")]

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from local import layout
 from services.abuse import features, generator, model
 from services.contracts import events, signals
 
@@ -200,7 +201,7 @@ def test_train_then_evaluate_and_models_on_the_cli(
     assert r.exit_code == 0, r.output
     trained = json.loads(r.stdout)
     assert re.fullmatch(r"v\d{8}T\d{6}Z-[0-9a-f]{8}", trained["version"])
-    assert Path(trained["path"]).parent == tmp_path / model.MODELS_SUBDIR
+    assert Path(trained["path"]).parent == layout.Layout(tmp_path, layout.Ports()).abuse_models
     r = runner.invoke(app, ["abuse", "evaluate", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)

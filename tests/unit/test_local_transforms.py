@@ -113,6 +113,33 @@ def test_a_worker_bound_to_loopback_in_the_render_is_a_disagreement(
         transforms.local_process(lay, workloads.AGGREGATOR, replace(c, command=cmd))
 
 
+def test_the_scorers_sidecar_is_its_own_process_which_the_scorer_dials(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    w, sc = workloads.ABUSE_SCORER, workloads.ABUSE_MODEL
+    procs = {p.name: p for p in transforms.processes(lay, "staging")}
+    side, scorer = procs[sc.name], procs[w.name]
+    assert list(procs).index(sc.name) < list(procs).index(w.name)  # started first
+
+    def flag(name: str) -> str:
+        return side.argv[side.argv.index(name) + 1]
+
+    assert side.argv[1:3] == ["-m", sc.module] and side.sidecar is sc
+    assert (flag("--host"), flag("--port"), flag("--ops-port")) == (
+        layout.HOST, str(side.port), str(side.ops_port))  # fmt: skip
+    assert flag("--model-dir") == str(lay.abuse_models)  # the models claim, played by a folder
+    assert set(side.applied) <= {t.id for t in transforms.TRANSFORMS}
+    # the scorer dials the sidecar's local port, not the pod's loopback port of the render
+    assert scorer.env["LIKES_ABUSE_MODEL_TARGET"] == f"{layout.HOST}:{side.port}"
+    assert staging.container(w.name).env["LIKES_ABUSE_MODEL_TARGET"] == sc.target
+    # a render whose sidecar command lost the mount is a disagreement naming it
+    c = staging.container(w.name, sc.name)
+    bad = replace(c, command=[a for a in c.command if a not in ("--model-dir", "/models")])
+    with pytest.raises(transforms.Disagreement, match="--model-dir") as e:
+        transforms.sidecar_process(lay, w, sc, bad)
+    assert e.value.workload == sc.name
+
+
 def test_secrets_are_created_once_and_kept(lay: layout.Layout) -> None:
     first = transforms.stack_secrets(lay)
     assert first["redis-auth/password"]
