@@ -156,8 +156,13 @@ def test_prometheus_changes_only_the_listed_parts(tmp_path: Path) -> None:
     assert cfg["alerting"]["alertmanagers"][0]["static_configs"] == [{"targets": [AM_LOCAL]}]
     assert cfg["rule_files"] == [str(tmp_path / "rules" / "*.yml")]
     assert "remote_write" not in cfg
-    changed = ("scrape_configs", "alerting", "rule_files", "remote_write")
-    assert _without(cfg, *changed) == _without(r.prometheus, *changed)  # global etc. as rendered
+    # transform 7: the local intervals, the rest of `global` as rendered
+    glob, rendered_glob = cfg["global"], r.prometheus.get("global", {})
+    intervals = ("scrape_interval", "evaluation_interval")
+    assert {k: glob[k] for k in intervals} == dict.fromkeys(intervals, transforms.LOCAL_INTERVAL)
+    assert _without(glob, *intervals) == _without(rendered_glob, *intervals)
+    changed = ("scrape_configs", "alerting", "rule_files", "remote_write", "global")
+    assert _without(cfg, *changed) == _without(r.prometheus, *changed)  # the rest as rendered
     assert r.prometheus == _render().prometheus  # the render itself is left alone
 
 
@@ -346,12 +351,13 @@ def test_rules_scale_every_for_and_range_and_nothing_else() -> None:
 """
     prom = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"}}
     out = yaml.safe_load(transforms.rules(text, prom))["groups"][0]["rules"]
-    # a 5 m range would be 5 s: raised to 4 scrapes (60 s); 3 d is 72 min; the 1 m step of the
-    # subquery would be 1 s: raised to the 15 s evaluation interval
+    # a 5 m range would be 5 s: raised to 4 local scrapes (transform 7: 4 x 5 s); 3 d is 72 min;
+    # the 1 m step of the subquery would be 1 s: raised to the 5 s local evaluation interval
+    assert transforms.LOCAL_INTERVAL == "5s"
     assert out[0] == {
         "record": "r:5m",
-        "expr": 'sum(rate(x_total{le="0.1"}[60s])) / avg_over_time(b[4320s])'
-        " + max_over_time(c[60s:15s])",
+        "expr": 'sum(rate(x_total{le="0.1"}[20s])) / avg_over_time(b[4320s])'
+        " + max_over_time(c[60s:5s])",
     }
     # `offset` is not a range (left as rendered); names and labels keep their words
     assert out[1] == {
@@ -376,4 +382,4 @@ def test_the_programs_rules_scale_to_minutes() -> None:
         if "for" in b:
             assert transforms.seconds(a["for"]) * 60 == transforms.seconds(b["for"])
         for rng in re.findall(r"\[([0-9a-z]+)[\]:]", a["expr"]):
-            assert transforms.seconds(rng) >= 60, (a, rng)
+            assert transforms.seconds(rng) >= 20, (a, rng)
