@@ -1,4 +1,5 @@
-"""`likes abuse train|evaluate|models|unvoid`: the abuse scorer's model and its cleanup.
+"""`likes abuse train|evaluate|models|use|unvoid|restore`: the abuse scorer's model and its
+cleanup.
 
 - `train` generates labelled traffic (services/abuse/generator.py), fits the model, chooses its
   threshold on a validation split, grades it on held-out users and saves it as a new version,
@@ -7,7 +8,9 @@
   of its own training run, generated again from its parameters: precision, recall and ROC AUC
   at its threshold, and the calibration table.
 - `models` lists the saved versions and which is current.
+- `use` serves a saved version again (the rollback of a bad deploy).
 - `unvoid` takes back a bad model's voids (cli/unvoid.py).
+- `restore` lifts the degradation of accounts wrongly caught in a storm.
 
 Models live in `abuse-models` under the local stack's home (LIKES_HOME, else the repo's .stack),
 or `--model-dir`. Exit codes: 0 done; 1 refused (no threshold good enough: nothing saved);
@@ -26,7 +29,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli import audit, unvoid
+from cli import audit, stack_settings, unvoid
 from services.abuse import generator, model
 
 app = typer.Typer(
@@ -205,3 +208,44 @@ def use(
         typer.echo(json.dumps({"current": version, "before": before}))
     else:
         console.print(f"current abuse model: {version} (was {before})")
+
+
+@app.command()
+def restore(
+    users: Annotated[list[str], typer.Argument(help="the user ids to restore")],
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Lift the degradation of USERS (services/contracts/degrade.py): their likes are admitted at
+    once again. For humans a storm caught (a bad model, a shared network); the scorer degrades
+    an account again if its likes keep being voided."""
+    from redis.exceptions import RedisError
+
+    from services.contracts import clients, degrade
+
+    try:
+        settings = stack_settings.platform_settings()
+    except (ValueError, stack_settings.NoSettings) as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(EXIT_ERROR) from e
+    if not yes and not typer.confirm(f"Lift the degradation of {len(users)} account(s)?"):
+        raise typer.Abort()
+    rc = clients.idem_store(settings, timeout=2.0)
+    try:
+        lifted = {user: degrade.restore(rc, user) for user in users}
+    except RedisError as e:
+        err.print(f"[red]the idem-store did not answer: {e}[/red]")
+        raise typer.Exit(EXIT_ERROR) from e
+    finally:
+        rc.close()
+    restored = [u for u, was in lifted.items() if was]
+    audit.record("abuse restore", {"users": users}, "ok", {"restored": restored})
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {"restored": restored, "not_degraded": [u for u in users if u not in restored]}
+            )
+        )
+        return
+    for user, was in lifted.items():
+        console.print(f"{user}: {'restored' if was else 'was not degraded'}")

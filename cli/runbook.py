@@ -59,7 +59,7 @@ _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 MUTATING = (
     ("flags", "set"), ("flags", "unset"), ("dlq", "replay"), ("hotkeys", "split"),
     ("hotkeys", "unsplit"), ("recount", "--repair"), ("local", "stop"), ("local", "up"),
-    ("abuse", "unvoid"), ("abuse", "use"),
+    ("abuse", "unvoid"), ("abuse", "use"), ("abuse", "restore"),
 )  # fmt: skip
 _CONSTANT = re.compile(r"\$\{(metrics|rules|kafka)\.([A-Z][A-Z0-9_]*)\}")
 _TROUBLE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(-?[0-9.eE+-]+)\s*$")

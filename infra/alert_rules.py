@@ -20,6 +20,11 @@ from services.contracts import convergence, events, workloads
 from services.contracts import metrics as metric_names
 
 __all__ = [
+    "ABUSE_SCORER",
+    "ABUSE_SCORING_STALLED",
+    "ABUSE_STORM",
+    "ABUSE_STORM_ACCOUNTS",
+    "ABUSE_TEAM",
     "AGGREGATOR",
     "API_ROUTES",
     "BAD_BIT",
@@ -49,6 +54,7 @@ __all__ = [
     "SEVERITY_PAGE",
     "SEVERITY_TICKET",
     "SLO_PERIOD",
+    "TEAM_LABEL",
     "WATCHDOG",
     "WINDOWS",
     "WORKLOADS",
@@ -56,6 +62,7 @@ __all__ = [
     "WRITE",
     "BurnRateAlert",
     "Slo",
+    "abuse_alerts",
     "alert_name",
     "default_slos",
     "plain_alerts",
@@ -89,6 +96,7 @@ OUTBOX_RELAY = workloads.OUTBOX_RELAY.name
 AGGREGATOR = workloads.AGGREGATOR.name
 HOTKEY_OPERATOR = workloads.HOTKEY_OPERATOR.name
 CONSUMER_LAG = workloads.CONSUMER_LAG.name
+ABUSE_SCORER = workloads.ABUSE_SCORER.name
 WORKLOADS = tuple(w.name for w in workloads.ALL)
 
 # `severity` values; Alertmanager routes on them (infra/observability.py alertmanager_config).
@@ -99,6 +107,10 @@ SEVERITIES = (SEVERITY_PAGE, SEVERITY_TICKET, SEVERITY_NONE)
 # The always-firing dead man's switch; Alertmanager routes it by this name.
 WATCHDOG = "Watchdog"
 CDN_PURGE_FAILING = "CdnPurgeFailing"
+# The team an alert belongs to, when not the platform's on-call: Alertmanager routes its pages to
+# that team's receiver (infra/observability.py alertmanager_config).
+TEAM_LABEL = "team"
+ABUSE_TEAM = "abuse"
 OUTBOX_SHARDS_UNOWNED = "OutboxShardsUnowned"
 
 
@@ -744,10 +756,13 @@ def _alert(
     runbook_base: str,
     for_: str | None = None,
     reason: str | None = None,
+    team: str | None = None,
 ) -> dict[str, Any]:
     labels = {"severity": severity, SERVICE_LABEL: service}
     if reason is not None:
         labels["reason"] = reason  # tells apart two rules of one alert
+    if team is not None:
+        labels[TEAM_LABEL] = team
     rule: dict[str, Any] = {"alert": name, "expr": expr}
     if for_ is not None:
         rule["for"] = for_
@@ -898,6 +913,76 @@ def worker_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     ]
 
 
+ABUSE_STORM = "AbuseStorm"
+ABUSE_SCORING_STALLED = "AbuseScoringStalled"
+# a ring, not a lone bot: the write path already holds each degraded account to a like a minute
+ABUSE_STORM_ACCOUNTS = 5
+ABUSE_STORM_WINDOW = "10m"  # services/contracts/degrade.py STORM_WINDOW_S
+
+
+def abuse_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
+    """The abuse team's: a storm (accounts degraded by the dozen) pages them; a scorer that
+    stopped scoring (its model or a store away, its loop hung, no replica) files them a ticket,
+    since the likes it misses meanwhile are voided once it scores again (counts stay exact)."""
+    up = f'up{{{WORKLOAD_LABEL}="{ABUSE_SCORER}"}}'
+    common: dict[str, Any] = {"service": ABUSE_SCORER, "team": ABUSE_TEAM,
+                              "runbook_base": runbook_base}  # fmt: skip
+    stalled: dict[str, Any] = {**common, "severity": SEVERITY_TICKET,
+                               "runbook": "abuse-scoring-stalled"}  # fmt: skip
+    return [
+        _alert(
+            ABUSE_STORM,
+            f"sum(increase({metric_names.ABUSE_DEGRADED}[{ABUSE_STORM_WINDOW}])) "
+            f">= {ABUSE_STORM_ACCOUNTS}",
+            severity=SEVERITY_PAGE,
+            summary=f"A storm of bot likes: accounts degraded in the last {ABUSE_STORM_WINDOW}",
+            description=(
+                "{{ $value | humanize }} accounts had their likes voided again and again and "
+                "were degraded to one like a minute: a bot ring is at work (or a bad model "
+                "is voiding humans: check which model version voids)."
+            ),
+            runbook="abuse-storm",
+            **common,
+        ),
+        _alert(
+            ABUSE_SCORING_STALLED,
+            f"max({metric_names.ABUSE_DEFERRED}) == 1",
+            for_="10m",
+            reason="deferred",
+            summary="The abuse scorer has been holding a batch for 10 minutes",
+            description=(
+                "Scoring waits for the model server or a store: bot likes are counted "
+                "meanwhile and voided once it scores again."
+            ),
+            **stalled,
+        ),
+        _alert(
+            ABUSE_SCORING_STALLED,
+            f"time() - {metric_names.ABUSE_LOOP_TIMESTAMP} > {LOOP_HUNG_AFTER_S}",
+            for_="2m",
+            reason="loop-hung",
+            summary="The abuse scorer's loop has not turned for over a minute",
+            description=(
+                "{{ $labels.instance }} answers scrapes but its loop last went round "
+                "{{ $value | humanizeDuration }} ago: likes.committed is not scored."
+            ),
+            **stalled,
+        ),
+        _alert(
+            ABUSE_SCORING_STALLED,
+            f"absent({up} == 1)",
+            for_="10m",
+            reason="not-running",
+            summary="No abuse scorer has been up for 10 minutes",
+            description=(
+                "Nothing scores likes.committed: bot likes are counted until a scorer runs "
+                "again and voids them (Kafka's retention holds what it has to read)."
+            ),
+            **stalled,
+        ),
+    ]
+
+
 def rule_groups(slos: list[Slo], *, runbook_base: str = RUNBOOK_BASE) -> dict[str, Any]:
     """A Prometheus rules file: one group per SLO, its recording rules before its alerts (a group
     evaluates in order, so the alerts read this cycle's ratios), then the plain alerts."""
@@ -914,6 +999,7 @@ def rule_groups(slos: list[Slo], *, runbook_base: str = RUNBOOK_BASE) -> dict[st
     groups.append({"name": "likes-slis", "rules": sli_rules() + sli_alerts(runbook_base)})
     groups.append({"name": "likes-alerts", "rules": plain_alerts(runbook_base)})
     groups.append({"name": "likes-workers", "rules": worker_alerts(runbook_base)})
+    groups.append({"name": "likes-abuse", "rules": abuse_alerts(runbook_base)})
     return {"groups": groups}
 
 

@@ -32,6 +32,7 @@ SECRET_FIELDS = frozenset(
         "redisPassword",
         "ratelimitRedisPassword",
         "pagerdutyRoutingKey",
+        "abusePagerdutyRoutingKey",
         "cdnPurgeToken",
         "canaryToken",
         "etcdRootPassword",
@@ -298,6 +299,8 @@ class StackConfig(_Model):
     # of band: `pulumi config set --secret likes:canaryToken`
     canary_token: SecretStr
     pagerduty_routing_key: SecretStr | None = None
+    # the abuse team's own PagerDuty service (their pages reach the platform's pager without it)
+    abuse_pagerduty_routing_key: SecretStr | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> StackConfig:

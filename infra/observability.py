@@ -86,6 +86,12 @@ ALERTMANAGER_CONFIG_FILE = "alertmanager.yml"
 # "may post here" (0.26+ could read them from the Secret like the PagerDuty key).
 PAGER_RECEIVER = "pagerduty"
 TICKET_RECEIVER = "tickets"
+# The abuse team's pages (alerts labelled team=abuse, severity=page): their own PagerDuty service
+# when the stack has its key, else the platform's pager, else the tickets.
+ABUSE_RECEIVER = "abuse-team"
+PAGERDUTY_DIR = "/etc/alertmanager/pagerduty"  # the Secret's keys, mounted as files
+PAGERDUTY_KEY = "routing-key"
+ABUSE_PAGERDUTY_KEY = "abuse-routing-key"
 HEARTBEAT_RECEIVER = "heartbeat"
 # The dead man's switch expects a post at least every HEARTBEAT_REPEAT (the seed: every 5 min);
 # give it a grace of a few periods before it pages.
@@ -146,6 +152,7 @@ class ObservabilityArgs:
     storage_class: str = "gp3"
     # host:port of the multi-target redis_exporter (infra/redis.py); None: Redis is not scraped
     redis_exporter: str | None = None
+    abuse_pagerduty_routing_key: pulumi.Input[str] | None = None  # the abuse team's service
 
 
 def loadbalancer_config(sampler_service: str) -> dict[str, Any]:
@@ -275,9 +282,19 @@ def _redis_jobs(args: ObservabilityArgs) -> list[dict[str, Any]]:
     ]
 
 
-def alertmanager_config(has_pager: bool, receivers: AlertReceivers) -> dict[str, Any]:
+def _pagerduty(key_file: str) -> dict[str, Any]:
+    # read from the mounted Secret: the key never sits in this ConfigMap
+    return {"pagerduty_configs": [{"routing_key_file": f"{PAGERDUTY_DIR}/{key_file}",
+                                   "url": PAGERDUTY_URL}]}  # fmt: skip
+
+
+def alertmanager_config(
+    has_pager: bool, receivers: AlertReceivers, has_abuse_pager: bool = False
+) -> dict[str, Any]:
     """Three ways out and no silent one: the Watchdog to the heartbeat, pages to PagerDuty (to the
-    ticket webhook when the stack has no PagerDuty key), everything else to the ticket webhook."""
+    ticket webhook when the stack has no PagerDuty key), everything else to the ticket webhook.
+    The abuse team's pages go to their own PagerDuty service (ABUSE_RECEIVER), falling back to
+    the platform's pager, then the tickets."""
     heartbeat: dict[str, Any] = {"name": HEARTBEAT_RECEIVER}
     if receivers.heartbeat_url is not None:
         # a resolved Watchdog means Prometheus stopped: not a heartbeat, never send it
@@ -292,23 +309,25 @@ def alertmanager_config(has_pager: bool, receivers: AlertReceivers) -> dict[str,
             "repeat_interval": HEARTBEAT_REPEAT,
         }
     ]
-    out: list[dict[str, Any]] = [
-        heartbeat,
-        {"name": TICKET_RECEIVER, "webhook_configs": [{"url": receivers.ticket_webhook_url}]},
-    ]
+    tickets = {"webhook_configs": [{"url": receivers.ticket_webhook_url}]}
+    out: list[dict[str, Any]] = [heartbeat, {"name": TICKET_RECEIVER, **tickets}]
+    abuse = (
+        _pagerduty(ABUSE_PAGERDUTY_KEY) if has_abuse_pager
+        else _pagerduty(PAGERDUTY_KEY) if has_pager
+        else tickets
+    )  # fmt: skip
+    out.append({"name": ABUSE_RECEIVER, **abuse})
+    routes.append(
+        {
+            "receiver": ABUSE_RECEIVER,
+            "matchers": [
+                f'{alert_rules.TEAM_LABEL}="{alert_rules.ABUSE_TEAM}"',
+                f'severity="{alert_rules.SEVERITY_PAGE}"',
+            ],
+        }
+    )
     if has_pager:
-        out.append(
-            {
-                "name": PAGER_RECEIVER,
-                # Read from the mounted Secret: the key never sits in this ConfigMap.
-                "pagerduty_configs": [
-                    {
-                        "routing_key_file": "/etc/alertmanager/pagerduty/routing-key",
-                        "url": PAGERDUTY_URL,
-                    }
-                ],
-            }
-        )
+        out.append({"name": PAGER_RECEIVER, **_pagerduty(PAGERDUTY_KEY)})
         routes.append(
             {
                 "receiver": PAGER_RECEIVER,
@@ -498,19 +517,28 @@ class Observability(pulumi.ComponentResource):
             service_account_rbac=True,
             scrape_port=PROMETHEUS_PORT,  # its own TSDB, rule evaluation and scrape health
         )
-        has_pager = args.pagerduty_routing_key is not None
+        keys = {
+            name: key
+            for name, key in (
+                (PAGERDUTY_KEY, args.pagerduty_routing_key),
+                (ABUSE_PAGERDUTY_KEY, args.abuse_pagerduty_routing_key),
+            )
+            if key is not None
+        }
         extra: list[tuple[str, str, str]] = []
-        if args.pagerduty_routing_key is not None:
+        if keys:
             k8s.core.v1.Secret(
                 PAGERDUTY_SECRET,
                 metadata=kx.meta(
                     PAGERDUTY_SECRET, ns, kx.labels("alertmanager", "paging", "observability")
                 ),
-                string_data={"routing-key": args.pagerduty_routing_key},
+                string_data=keys,
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            extra.append(("pagerduty", f"secret:{PAGERDUTY_SECRET}", "/etc/alertmanager/pagerduty"))
-        alerting = alertmanager_config(has_pager, args.receivers)
+            extra.append(("pagerduty", f"secret:{PAGERDUTY_SECRET}", PAGERDUTY_DIR))
+        alerting = alertmanager_config(
+            PAGERDUTY_KEY in keys, args.receivers, ABUSE_PAGERDUTY_KEY in keys
+        )
         peers = [
             f"alertmanager-{i}.alertmanager.{svc}:{ALERTMANAGER_CLUSTER_PORT}"
             for i in range(ALERTMANAGER_REPLICAS)

@@ -192,6 +192,11 @@ def main() -> None:
             ],
             receivers=observability.AlertReceivers(o.ticket_webhook_url, o.heartbeat_url),
             redis_exporter=store.exporter,
+            abuse_pagerduty_routing_key=pulumi.Output.secret(
+                cfg.abuse_pagerduty_routing_key.get_secret_value()
+            )
+            if cfg.abuse_pagerduty_routing_key
+            else None,
         ),
         pulumi.ResourceOptions(
             providers=[eks.provider], depends_on=[ns[platform.NS_OBSERVABILITY]]

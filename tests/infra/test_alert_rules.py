@@ -32,6 +32,7 @@ UNIT_TEST_FILES = (
     UNIT_TESTS,
     RULES_DIR / "likes.plain.test.yml",
     RULES_DIR / "likes.slis.test.yml",
+    RULES_DIR / "likes.abuse.test.yml",
     RULES_DIR / "likes.workers.test.yml",
 )
 
@@ -290,7 +291,7 @@ def test_custom_slo_is_rendered_with_its_own_objective() -> None:
         description="the sampler answers",
         runbook="sampler",
     )
-    (group, _slis, _plain, _workers) = rule_groups([slo])["groups"]
+    (group, _slis, _plain, _workers, _abuse) = rule_groups([slo])["groups"]
     fast = group["rules"][5]
     assert fast["alert"] == "SamplerAvailabilityBudgetBurn"
     assert "> (14.4 * 0.01)" in fast["expr"]

@@ -326,12 +326,17 @@ def test_watchdog_pages_and_tickets_reach_their_receivers(
         alert_rules.SEVERITY_PAGE: pager,
         alert_rules.SEVERITY_TICKET: observability.TICKET_RECEIVER,
     }
+    abuse_pages = 0
     for labels in _alert_labels(r):
         is_watchdog = labels["alertname"] == alert_rules.WATCHDOG
         key = alert_rules.WATCHDOG if is_watchdog else labels["severity"]
-        assert _amtool_route(path, labels) == [expected[key]], labels
+        want = expected[key]
+        if labels.get(alert_rules.TEAM_LABEL) == alert_rules.ABUSE_TEAM and key == "page":
+            want, abuse_pages = observability.ABUSE_RECEIVER, abuse_pages + 1
+        assert _amtool_route(path, labels) == [want], labels
         # the policy's route walker agrees with Alertmanager's own
-        assert alert_routing.receivers_for(r.alertmanager, labels) == [expected[key]]
+        assert alert_routing.receivers_for(r.alertmanager, labels) == [want]
+    assert abuse_pages >= 1  # the storm page reaches the abuse team
     # an alert nobody planned for still reaches a person
     unplanned = {"alertname": "X", "severity": "critical"}
     assert _amtool_route(path, unplanned) == [observability.TICKET_RECEIVER]
@@ -354,6 +359,34 @@ def test_pages_go_to_tickets_without_a_pagerduty_key() -> None:
     # no heartbeat URL: the Watchdog is still routed to the heartbeat receiver, which sends nothing
     assert alert_routing.integrations(cfg, "heartbeat") == []
     assert alert_routing.integrations(cfg, "tickets") == ["webhook"]
+
+
+@pytest.mark.parametrize(
+    ("pager", "abuse_pager", "integration", "key_file"),
+    [(True, True, "pagerduty", observability.ABUSE_PAGERDUTY_KEY),
+     (True, False, "pagerduty", observability.PAGERDUTY_KEY),
+     (False, False, "webhook", None)],
+)  # fmt: skip
+def test_the_abuse_teams_pages_reach_their_pager_else_the_platforms_else_tickets(
+    pager: bool, abuse_pager: bool, integration: str, key_file: str | None
+) -> None:
+    cfg = observability.alertmanager_config(
+        pager, observability.AlertReceivers("https://t.example.com/hook"), abuse_pager
+    )
+    page = {"alertname": alert_rules.ABUSE_STORM, "severity": "page",
+            alert_rules.TEAM_LABEL: alert_rules.ABUSE_TEAM}  # fmt: skip
+    assert alert_routing.receivers_for(cfg, page) == [observability.ABUSE_RECEIVER]
+    assert alert_routing.integrations(cfg, observability.ABUSE_RECEIVER) == [integration]
+    (receiver,) = [r for r in cfg["receivers"] if r["name"] == observability.ABUSE_RECEIVER]
+    if key_file is not None:
+        (pd,) = receiver["pagerduty_configs"]
+        assert pd["routing_key_file"] == f"{observability.PAGERDUTY_DIR}/{key_file}"
+    # the team's tickets, and the platform's pages, go where they always went
+    ticket = {**page, "severity": "ticket"}
+    assert alert_routing.receivers_for(cfg, ticket) == [observability.TICKET_RECEIVER]
+    platform = {"alertname": "A", "severity": "page"}
+    want = observability.PAGER_RECEIVER if pager else observability.TICKET_RECEIVER
+    assert alert_routing.receivers_for(cfg, platform) == [want]
 
 
 def test_heartbeat_repeats_within_the_seed_period() -> None:

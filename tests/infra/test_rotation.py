@@ -42,6 +42,7 @@ AFFECTED: dict[str, set[str]] = {
     "cdnPurgeToken": {"Deployment/aggregator"},
     "canaryToken": {"Deployment/canary"},
     "pagerdutyRoutingKey": set(),
+    "abusePagerdutyRoutingKey": set(),
 }
 # Setup Jobs that read a password but apply none: they only form the Redis Cluster, and a rerun
 # against a Redis that still has the old requirepass would wait forever.
