@@ -16,11 +16,14 @@ from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from infra import alert_rules
+from infra import observability as obs
 from services.client import LikesClient
 from services.contracts import clients, convergence, degrade, events, routes, signals, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts import metrics as metric_names
 from tests.conftest import Stack
+from tests.integration.test_alerts import _delivered
 from tests.integration.test_data_path import liked_edges
 from tests.integration.test_flags import wait_for
 
@@ -127,6 +130,7 @@ def test_a_bot_storm_is_voided_and_counts_equal_the_non_void_edges(
     tag = uuid.uuid4().hex[:8]
     posts = [f"abuse-{tag}-{i}" for i in range(POSTS_PER_BOT)]
     degraded_before = metric(stack, metric_names.ABUSE_DEGRADED)
+    began = time.time()
     pairs = humans(stack, tag, posts) + storm(stack, tag, posts, BOTS, "a")
     marks_a = ends(stack)
 
@@ -142,6 +146,12 @@ def test_a_bot_storm_is_voided_and_counts_equal_the_non_void_edges(
     assert sum(degrade.is_degraded(idem, f"bot-a-{i}-{tag}") for i in range(BOTS)) >= BOTS // 2
     degraded = metric(stack, metric_names.ABUSE_DEGRADED) - degraded_before
     assert degraded >= BOTS // 2
+    # the storm pages the abuse team: AbuseStorm reaches their receiver (the local rules are the
+    # program's, time-scaled; the sink plays the receiver's integrations)
+    wait_for(
+        lambda: _delivered(stack, obs.ABUSE_RECEIVER, alert_rules.ABUSE_STORM, "firing", began),
+        "AbuseStorm delivered to the abuse team", 90,
+    )  # fmt: skip
 
     # the model server's process goes away: scoring is deferred (nothing skipped, nothing
     # committed), the outage's bot likes are counted meanwhile, then voided once it is back
