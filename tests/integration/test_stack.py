@@ -42,7 +42,7 @@ def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None
         "etcd", "cassandra", "schema-registry", "prometheus", "alertmanager",
         "webhook-sink", "redis-exporter", "otel-collector", "tempo",
         "write", "read", "outbox-relay", "aggregator", "hotkey-sampler", "hotkey-operator",
-        "consumer-lag", "canary",
+        "consumer-lag", "canary", "abuse-scorer", "abuse-model",
         "identity-provider", "gateway", "ratelimit", "ratelimit-redis",
         *(f"hot-pool-{i}" for i in range(1, 5)),
         *(f"count-cache-{i}" for i in range(1, 7)),

@@ -234,5 +234,9 @@ def test_a_degraded_account_likes_once_a_minute_and_unlikes_freely(
         is None
     )  # the refused like wrote nothing
     assert one_try.like(f"storm-a-{tag}", "unlike", token=tok).status_code == 202
-    assert degrade.restore(idem, u)
+    # on-call lifts it (the AbuseStorm runbook's step), audited; the next like goes through
+    out = stack.cli("abuse", "restore", u, "never-degraded", "--yes", "--json").stdout
+    lifted = json.loads(out)
+    assert lifted == {"restored": [u], "not_degraded": ["never-degraded"]}
+    assert not degrade.is_degraded(idem, u)
     assert one_try.like(f"storm-b-{tag}", token=tok).status_code == 202

@@ -212,6 +212,10 @@ def test_alertmanager_receivers_post_to_the_sink_and_routes_stay() -> None:
             "name": "pagerduty",
             "webhook_configs": [{"url": "http://127.0.0.1:9095/pagerduty"}],
         },
+        "abuse-team": {
+            "name": "abuse-team",
+            "webhook_configs": [{"url": "http://127.0.0.1:9095/abuse-team"}],
+        },
     }
     # a receiver that sends nothing when rendered sends nothing locally either
     silent = transforms.alertmanager(_render(heartbeat=None), "http://127.0.0.1:9095")
