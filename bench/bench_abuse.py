@@ -75,7 +75,11 @@ def produce(s: ScorerSettings, users: int, seed: int) -> list[events.LikeEvent]:
     likes = generator.generate(generator.Traffic(users=users, seed=seed))
     tag = uuid.uuid4().hex[:8]
     out = []
+    seen: set[tuple[str, str]] = set()
     for o in likes:
+        if (o.user_id, o.post_id) in seen:
+            continue  # one like per edge: a second would supersede the first (not a void's test)
+        seen.add((o.user_id, o.post_id))
         e = events.LikeEvent.new(
             intent_uuid=str(uuid.uuid4()), user_id=f"{o.user_id}-{tag}", post_id=o.post_id,
             action="like", reaction="like", delta=1, region=s.region, client_ip=o.client_ip,
