@@ -6,8 +6,8 @@ its own sentence, checked only for shape."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ import yaml
 
 from infra import alert_rules
 from services.contracts import metrics as metric_names
-from services.contracts import workloads
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "chaos" / "catalog.yaml"
@@ -107,40 +106,16 @@ def recorded_metrics() -> set[str]:
 
 
 def local_servers() -> set[str]:
-    """The names `likes local stop` takes: each server of the local stack and each component."""
-    from local.components import (
-        cassandra,
-        etcd,
-        gateway,
-        hotkeys,
-        issuer,
-        kafka,
-        observability,
-        redis,
-        schema_registry,
-    )
+    """The names `likes local stop` takes: each component of the local stack and each of its
+    servers, as the stack's own registry (local/components) builds them."""
+    from local import components
     from local.layout import Layout, Ports
 
-    ports = Ports()
-    brokers = next(f.default for f in dataclasses.fields(Layout) if f.name == "kafka_brokers")
-    assert isinstance(brokers, int)
-    names = {
-        cassandra.Cassandra.name, etcd.Etcd.name, kafka.Kafka.name, redis.CountCache.name,
-        redis.IdemStore.name, redis.Exporter.name, hotkeys.HotPools.name,
-        schema_registry.SchemaRegistry.name, gateway.Gateway.name, gateway.RATELIMIT,
-        gateway.RATELIMIT_REDIS, issuer.NAME, observability.OtelCollector.name,
-        observability.OtelCollector.TEMPO, observability.Alertmanager.name,
-        observability.Prometheus.name,
-        "webhook-sink",  # the Alertmanager component's second server (its receivers' sink)
-    }  # fmt: skip
-    names |= {f"{redis.CountCache.name}-{i + 1}" for i in range(len(ports.count_cache))}
-    names |= {f"{redis.IdemStore.name}-{i + 1}" for i in range(len(ports.idem_store))}
-    names |= {f"hot-pool-{i + 1}" for i in range(len(ports.hot_pools))}
-    names |= {f"kafka-{n}" for n in range(1, brokers + 1)}
-    for w in workloads.ALL:
-        names.add(w.name)
-        if w.sidecar is not None:
-            names.add(w.sidecar.name)
+    lay = Layout(home=Path(tempfile.mkdtemp(prefix="chaos-catalog-")), ports=Ports())
+    names: set[str] = set()
+    for comp in components.build(lay, strict=False):
+        names.add(comp.name)
+        names |= {srv.name for srv in comp.servers()}
     return names
 
 
