@@ -309,7 +309,7 @@ def demo(
 
     lay = layout.from_env()
     api = f"http://{layout.HOST}:{lay.ports.gateway}"
-    client = LikesClient(api, api)
+    client = LikesClient(api, api, vary_client_ip=True)  # each user its own address (the CDN's)
     run = uuid.uuid4().hex[:6]
     post_ids = [f"demo-{run}-{i}" for i in range(posts)]
     plan = [

@@ -40,7 +40,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from services.abuse import metrics
+from services.abuse import features, metrics
 from services.abuse.model_server import ModelUnavailable, Verdicts
 from services.abuse.settings import ScorerSettings
 from services.common.worker_http import LoopHealth
@@ -220,11 +220,17 @@ class Scorer:
     def _score_and_void(self, held: Held) -> None:
         verdicts = self.model.verdicts([row for _, row in held.likes])
         # the held batch keeps what it voided: a retry after a failure voids again, idempotently
-        for (e, _row), p in zip(held.likes, verdicts.probabilities, strict=True):
+        for (e, row), p in zip(held.likes, verdicts.probabilities, strict=True):
             metrics.SCORES.observe(p)
             if p >= verdicts.threshold:
                 result = self.voider.void(e, verdicts.version, p)
                 metrics.VOIDS.labels(result.reason).inc()
+                if result.applied:  # the answer to "why did my like vanish?", with its evidence
+                    evidence = dict(zip(features.FEATURE_NAMES, row, strict=True))
+                    log.info("like voided", extra={"fields": {
+                        "user_id": e.user_id, "post_id": e.post_id, "intent": e.intent_uuid,
+                        "score": round(p, 4), "model": verdicts.version,
+                        "features": evidence}})  # fmt: skip
                 if result.applied and self.storms is not None:
                     try:
                         if self.storms.voided(e.user_id, e.occurred_at / 1000):
