@@ -168,6 +168,7 @@ def test_a_trained_model_reaches_the_goals_on_held_out_users(trained: model.Mode
     assert held["precision"] >= 0.8, held
     assert held["recall"] >= 0.6, held
     assert held["threshold"] == trained.threshold
+    assert trained.threshold >= trained.params.min_score == 0.5  # more likely a bot than not
     assert trained.meta["sizes"]["held_out"]["users"] == pytest.approx(800, abs=10)
     cal = held["calibration"]
     assert sum(b["count"] for b in cal) == held["rows"]
