@@ -33,14 +33,17 @@ def _lag(s: settings_mod.Settings) -> View:
     from confluent_kafka.admin import AdminClient
 
     from services.consumer_lag.core import LagReader, consumer_factory
-    from services.consumer_lag.settings import LagSettings
+    from services.consumer_lag.settings import LagSettings, parse_group_topics
     from services.contracts import clients
 
     conf = clients.kafka_config(s)
     defaults = LagSettings.model_fields
     groups = [g for g in str(defaults["lag_groups"].default).split(",") if g]
     topics = [t for t in str(defaults["lag_topics"].default).split(",") if t]
-    reader = LagReader(AdminClient(conf), consumer_factory(conf), groups, topics, TIMEOUT_S)
+    own = parse_group_topics(str(defaults["lag_group_topics"].default))
+    reader = LagReader(
+        AdminClient(conf), consumer_factory(conf), groups, topics, TIMEOUT_S, topics_of=own
+    )
     try:
         lags = reader.read()
     finally:

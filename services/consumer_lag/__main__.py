@@ -41,7 +41,7 @@ def main() -> None:
     def new_reader() -> LagReader:
         return LagReader(
             AdminClient(conf), consumer_factory(conf), settings.groups, settings.topics,
-            settings.lag_timeout_s,
+            settings.lag_timeout_s, topics_of=settings.topics_of,
         )  # fmt: skip
 
     reader = new_reader()

@@ -10,7 +10,7 @@ The seed's `consumer_lag_seconds`: the alert rules read the gauge this module ex
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +85,11 @@ class LagReader:
         topics: Sequence[str],
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        topics_of: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        """`topics_of`: a group's own topics, where it reads fewer than `topics`."""
         self._admin = admin
+        self._topics_of = {g: frozenset(ts) for g, ts in (topics_of or {}).items()}
         self._consumer = consumer(kafka_contract.LAG_READER_GROUP)
         self._group_consumers = {g: consumer(g) for g in groups}
         self.groups = tuple(groups)
@@ -94,6 +97,10 @@ class LagReader:
         self._timeout = timeout_s
         self._clock = clock
         self._stamps: dict[tuple[str, int, int], float] = {}  # topic, partition, offset -> s
+
+    def _reads(self, group: str, topic: str) -> bool:
+        own = self._topics_of.get(group)
+        return own is None or topic in own
 
     def partitions(self) -> list[Key]:
         md = self._admin.list_topics(timeout=self._timeout)
@@ -177,10 +184,11 @@ class LagReader:
             return []
         start = self._offsets(keys, OffsetSpec.earliest())
         end = self._offsets(keys, OffsetSpec.latest())
-        committed = {g: self._committed(g, keys) for g in self.groups}
+        keys_of = {g: [k for k in keys if self._reads(g, k[0])] for g in self.groups}
+        committed = {g: self._committed(g, keys_of[g]) for g in self.groups if keys_of[g]}
         wanted: dict[tuple[str, int, int], None] = {}
-        for offsets in committed.values():
-            for key in keys:
+        for group, offsets in committed.items():
+            for key in keys_of[group]:
                 nxt = max(offsets.get(key, -1), start[key])
                 if nxt < end[key]:
                     wanted[(key[0], key[1], nxt)] = None
@@ -188,7 +196,7 @@ class LagReader:
         now = self._clock()
         out = []
         for group, offsets in committed.items():
-            for key in keys:
+            for key in keys_of[group]:
                 c = offsets.get(key, -1)
                 nxt = max(c, start[key])
                 age = 0.0

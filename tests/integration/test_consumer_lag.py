@@ -102,6 +102,29 @@ def _wait(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def test_a_group_narrowed_to_its_topics_reports_only_those(stack: Stack, topic: str) -> None:
+    _produce(stack, topic, [T0])
+    group = f"likes-test-narrow-{uuid.uuid4().hex[:6]}"
+    conf = stack.kafka_config()
+    reader = LagReader(AdminClient(conf), consumer_factory(conf), [group],
+                       [topic, events.VOIDED], 10.0, clock=lambda: T0 + 5,
+                       topics_of={group: [topic]})  # fmt: skip
+    try:
+        got = {(r.topic, r.partition): r.seconds for r in reader.read()}
+    finally:
+        reader.close()
+    assert got == {(topic, 0): 5.0, (topic, 1): 0.0}
+
+
+def test_the_exporter_watches_the_abuse_scorer_on_the_topic_it_reads(stack: Stack) -> None:
+    """The abuse scorer's group is watched (a stalled scorer shows as lag: its alert), on
+    likes.committed only; the aggregator's on every event topic."""
+    _wait(lambda: bool(_series(stack, kafka_contract.ABUSE_GROUP)), "the abuse group's series")
+    assert {t for t, _ in _series(stack, kafka_contract.ABUSE_GROUP)} == {events.COMMITTED}
+    agg = {t for t, _ in _series(stack, kafka_contract.AGGREGATOR_GROUP)}
+    assert agg == set(events.EVENT_TOPICS)
+
+
 def test_a_stopped_aggregator_shows_growing_lag_and_none_once_it_resumes(stack: Stack) -> None:
     group = kafka_contract.AGGREGATOR_GROUP
     _wait(lambda: any(t == events.COMMITTED for t, _ in _series(stack, group)),
