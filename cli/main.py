@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import abuse, alerts, audit, dlq, flags, recount, runbook, slo, status
+from cli import abuse, alerts, audit, chaos, dlq, flags, recount, runbook, slo, status
 from infra import cli as infra_cli
 from local import cli as local_cli
 from operators.hotkeys import cli as hotkeys_cli
@@ -12,7 +12,7 @@ from operators.hotkeys import cli as hotkeys_cli
 app = typer.Typer(
     help=(
         "Operate the like platform: the local stack, the infra program, hot keys, kill switches, "
-        "dead letters, recounts, alerts and their runbooks."
+        "dead letters, recounts, alerts and their runbooks, game days."
     ),
     no_args_is_help=True,
 )
@@ -23,6 +23,7 @@ app.add_typer(runbook.app, name="runbook")
 app.add_typer(flags.app, name="flags")
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(abuse.app, name="abuse")
+app.add_typer(chaos.app, name="chaos")
 app.command()(recount.recount)
 app.command()(alerts.alerts)
 app.command()(slo.slo)

@@ -1,0 +1,154 @@
+"""The game days' actions, as Chaos Toolkit runs them (Python providers of the experiments in
+chaos/experiments/): start and stop the traffic, and the faults on the local stack's servers.
+
+Servers are named as `likes local status` names them, or by component (every server of it); the
+stack is the one LIKES_HOME / LIKES_PORT_OFFSET name, as for `likes local`. Each fault is a real
+signal to the real process (its process group): SIGKILL (a crash), SIGTERM (a clean stop),
+SIGSTOP (a hang: the process holds its sockets and answers nothing). `up` undoes every one of
+them: SIGCONT to every recorded server, then start what is not running and wait until it answers
+(as `likes local up`); it is in every experiment's rollbacks, which run always. `restart` is the
+method's own recovery step, for the servers it broke.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from typing import Any
+
+from chaos import traffic
+from local import components, layout, supervisor, transforms
+
+log = logging.getLogger("chaos.actions")
+
+
+_sup: supervisor.Supervisor | None = None
+
+
+def _supervisor() -> supervisor.Supervisor:
+    """The stack's supervisor, built once per process (rendering the program under mocks, from
+    its cache, takes seconds; experiments call it several times)."""
+    global _sup
+    lay = layout.from_env()
+    if _sup is None or _sup.layout.home != lay.home or _sup.layout.ports != lay.ports:
+        _sup = supervisor.Supervisor(lay, components.build(lay, strict=True))
+    return _sup
+
+
+def _names(sup: supervisor.Supervisor, servers: list[str]) -> list[str]:
+    known = sup.all_servers()
+    out: list[str] = []
+    for name in servers:
+        if name in known:
+            out.append(name)
+        elif name in sup.components:
+            out.extend(s.name for s in sup.components[name].servers())
+        else:
+            raise ValueError(
+                f"no server or component named {name!r} in the local stack; "
+                f"servers: {sorted(known)}; components: {sorted(sup.components)}"
+            )
+    return out
+
+
+def start_traffic(
+    users: int = 5000, posts: int = 8, writers: int = 4, readers: int = 2, write_rate: float = 30.0
+) -> dict[str, Any]:
+    """Likes (one per new user, each on its own address) and reads through the gateway, in the
+    background, until `stop_traffic` or the hypothesis's check stops them."""
+    lay = layout.from_env()
+    t = traffic.Traffic(
+        gateway_url=f"http://{layout.HOST}:{lay.ports.gateway}",
+        token=lambda user: transforms.sign_token(lay, user),
+        users=users, posts=posts, writers=writers, readers=readers, write_rate=write_rate,
+    )  # fmt: skip
+    traffic.begin(t)
+    return {"run": t.run, "posts": t.post_ids}
+
+
+def stop_traffic() -> dict[str, Any] | None:
+    """Stop the traffic (idempotent); what the clients saw."""
+    t = traffic.end()
+    return None if t is None else t.summary()
+
+
+def _signal(servers: list[str], sig: signal.Signals) -> list[str]:
+    sup = _supervisor()
+    running = sup.running()
+    hit = []
+    for name in _names(sup, servers):
+        e = running.get(name)
+        if e is None:
+            continue
+        try:
+            os.killpg(e.pid, sig)
+        except ProcessLookupError:
+            continue
+        hit.append(name)
+    return hit
+
+
+def kill(servers: list[str]) -> list[str]:
+    """SIGKILL (a crash: no clean shutdown); returns the servers that were running."""
+    sup = _supervisor()
+    traffic.mark(f"kill {' '.join(servers)}")
+    return [n for n in _names(sup, servers) if sup.kill(n)]
+
+
+def stop(servers: list[str]) -> list[str]:
+    """SIGTERM and wait (a clean stop, as a rolling deploy would)."""
+    sup = _supervisor()
+    traffic.mark(f"stop {' '.join(servers)}")
+    return [n for n in _names(sup, servers) if sup.stop(n)]
+
+
+def pause(servers: list[str]) -> list[str]:
+    """SIGSTOP: the process hangs with its sockets open (a GC pause, a stuck disk)."""
+    traffic.mark(f"pause {' '.join(servers)}")
+    return _signal(servers, signal.SIGSTOP)
+
+
+def resume(servers: list[str]) -> list[str]:
+    """SIGCONT to servers paused by `pause`."""
+    traffic.mark(f"resume {' '.join(servers)}")
+    return _signal(servers, signal.SIGCONT)
+
+
+def restart(servers: list[str]) -> list[str]:
+    """Start the given servers' components again (what is not running) and wait until every
+    server of them answers: `likes local up --only <components>`. Returns what was started."""
+    sup = _supervisor()
+    names = _names(sup, servers)
+    resume(names)
+    comps = sorted({sup.all_servers()[n][0].name for n in names})
+    traffic.mark(f"restart {' '.join(servers)}")
+    started = _up(sup, comps)
+    traffic.mark("recovered")
+    return started
+
+
+def up() -> list[str]:
+    """Undo every process fault: SIGCONT to every recorded server, then start whatever is not
+    running and wait until it answers (`likes local up`, minus its render when nothing is down)."""
+    sup = _supervisor()
+    for e in sup.running().values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(e.pid, signal.SIGCONT)
+    running = sup.running()
+    down = sorted({c.name for n, (c, _s) in sup.all_servers().items() if n not in running})
+    return _up(sup, down) if down else []
+
+
+def _up(sup: supervisor.Supervisor, comps: list[str]) -> list[str]:
+    def report(name: str, msg: str) -> None:
+        log.info("%s: %s", name, msg)
+
+    scope = [n for n, (c, _s) in sup.all_servers().items() if c.name in comps]
+    started = sup.up(report, comps)
+    status = sup.settle(scope, report)
+    unhealthy = {n: status[n] for n in scope if not status[n]["healthy"]}
+    if unhealthy:
+        raise RuntimeError(f"not answering after the restart: {unhealthy}")
+    return started

@@ -1,0 +1,220 @@
+"""The game days' steady state, measured: Chaos Toolkit probes of every experiment's hypothesis.
+
+Before the method (no traffic yet) the hypothesis asks that every server of the local stack
+answers. After it, `invariants_hold` stops the traffic and checks what DESIGN.md promises under
+any fault, against the stores and the read path, never against the traffic's own belief:
+
+- no accepted like lost (invariant 1): every like that got a 202 is an edge (void or not);
+- counts converged (6, services/contracts/convergence.py): every post's count equals its
+  non-void liked edges, and still does after the hold; no double count (2) is part of it;
+- reads never 5xx (3);
+- writes answered 202, 429 or a clean 503 with Retry-After (5), a transport error only where the
+  experiment says a hang makes the clients time out (`allow_write_timeouts`);
+- the alerts the catalog names for the mode fired after the traffic started and resolved
+  (as Alertmanager delivered them to the stack's receivers).
+
+Each check's figures are kept in `last` (the runner puts them in the journal and the report);
+the probe's value is whether all held.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+from cassandra.concurrent import execute_concurrent_with_args
+
+from chaos import catalog, traffic
+from cli import stack_settings
+from local import components, layout, supervisor
+from services.contracts import clients, convergence, routes
+
+last: dict[str, Any] = {}
+# how long past the convergence hold an expected alert may take to fire and resolve (locally the
+# rules' `for` and ranges are scaled down: local/observability_transforms.py)
+ALERT_WAIT_S = 60.0
+_ALERT = re.compile(r"^alert: (\w+) -> runbook ")
+NOT_CHECKED = {"Watchdog"}  # always firing: its check is that it keeps arriving, not a resolve
+
+
+def expected_alerts(mode_id: str | None) -> list[str]:
+    """The alerts the catalog says the mode raises (none for an unknown or missing mode)."""
+    if not mode_id:
+        return []
+    try:
+        holds = catalog.mode(mode_id).holds
+    except KeyError:
+        return []
+    names = [m.group(1) for h in holds if (m := _ALERT.match(h))]
+    return [n for n in names if n not in NOT_CHECKED]
+
+
+def _fired_and_resolved(alerts: dict[str, dict[str, Any]], expected: list[str]) -> bool:
+    return all(
+        (a := alerts.get(name)) is not None
+        and a["fired_s"] is not None
+        and a["resolved_s"] is not None
+        and a["resolved_s"] > a["fired_s"]
+        for name in expected
+    )
+
+
+def stack_ready() -> bool:
+    """Every server of the local stack answers a real request now."""
+    lay = layout.from_env()
+    health = supervisor.Supervisor(lay, components.build(lay)).check()
+    down = {n: h.reason for n, h in health.items() if not h.healthy}
+    last["not_ready"] = down
+    return not down
+
+
+def invariants_hold(
+    timeout_s: float = 90.0,
+    allow_write_timeouts: bool = False,
+    configuration: dict[str, Any] | None = None,
+) -> bool:
+    """Stop the traffic and check the invariants (the module's docstring); with no traffic run
+    yet (the hypothesis before the method), that the stack is ready. The experiment's
+    `configuration.mode` names its catalog entry, whose `alert: X -> runbook` lines are the
+    alerts that must have fired during the run and resolved after it."""
+    t = traffic.current()
+    if t is None:
+        return stack_ready()
+    expected = expected_alerts((configuration or {}).get("mode"))
+    traffic.end()
+    summary = t.summary()
+    edges = _Edges(t)
+    truth, lost = edges.read()  # once: an edge, void or not, never goes away
+    started = time.monotonic()
+    trace: list[tuple[float, int]] = []  # (t, likes the counts are off by, over all posts)
+
+    def drift() -> dict[str, int | None]:
+        # count minus truth, both read now: the truth moves while the abuse scorer voids (it
+        # may be catching up on a backlog), and a count must follow it
+        nonlocal truth
+        counts = _counts(t)
+        truth = edges.read()[0]
+        out: dict[str, int | None] = {}
+        for p in t.post_ids:
+            c = counts[p]
+            out[p] = None if c is None else c - truth[p]
+        off = sum(abs(d) if d is not None else truth[p] for p, d in out.items())
+        trace.append((round(time.monotonic() - t.started, 2), off))
+        return out
+
+    try:
+        conv = convergence.wait_converged(drift, {p: 0 for p in t.post_ids}, timeout_s=timeout_s)
+    finally:
+        edges.close()
+    checks = {
+        "no_accepted_like_lost": not lost,
+        "counts_converged": conv.converged,
+        "reads_never_5xx": summary["read_5xx"] == 0,
+        "writes_clean": _writes_clean(t, allow_write_timeouts),
+    }
+    alerts = alerts_since(t.started_wall)
+    deadline = time.monotonic() + ALERT_WAIT_S
+    while not _fired_and_resolved(alerts, expected) and time.monotonic() < deadline:
+        time.sleep(2)
+        alerts = alerts_since(t.started_wall)
+    checks["alerts_fired_and_resolved"] = _fired_and_resolved(alerts, expected)
+    last.clear()
+    last.update(
+        alerts=alerts,
+        expected_alerts=expected,
+        checks=checks, traffic=summary, timeline=t.timeline(), marks=t.marks, drift=trace,
+        lost=[list(p) for p in lost[:20]],
+        truth=truth,
+        convergence={"converged": conv.converged, "first_match_s": conv.first_match_s,
+                     "last_drift": conv.last_seen, "broke_drift": conv.broke, "said": str(conv),
+                     "checked_for_s": round(time.monotonic() - started, 1)},
+    )  # fmt: skip
+    return all(checks.values())
+
+
+def _writes_clean(t: traffic.Traffic, allow_timeouts: bool) -> bool:
+    for s in t.samples:
+        if s.kind != "write" or traffic.clean_write(s):
+            continue
+        if allow_timeouts and s.status == traffic.TRANSPORT:
+            continue
+        return False
+    return True
+
+
+class _Edges:
+    """Per post, its non-void liked edges among every pair sent (a like whose answer was lost
+    may exist too); `liked`: the pairs with a liked edge, void or not."""
+
+    def __init__(self, t: traffic.Traffic) -> None:
+        self.t = t
+        self.cluster, self.session = clients.cassandra(stack_settings.platform_settings())
+        self.query = self.session.prepare(
+            "SELECT state, void FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+        )
+        self.liked: set[tuple[str, str]] = set()
+
+    def read(self) -> tuple[dict[str, int], list[tuple[str, str]]]:
+        pairs = sorted(set(self.t.attempted))
+        rows = execute_concurrent_with_args(self.session, self.query, pairs, concurrency=64)
+        truth: Counter[str] = Counter({p: 0 for p in self.t.post_ids})
+        liked: set[tuple[str, str]] = set()
+        for pair, (ok, result) in zip(pairs, rows, strict=True):
+            if not ok:
+                raise result
+            row = result.one()
+            if row is not None and row.state == "liked":
+                liked.add(pair)
+                if not row.void:
+                    truth[pair[1]] += 1
+        self.liked = liked
+        return dict(truth), sorted(p for p in self.t.ledger if p not in liked)
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+
+
+def _counts(t: traffic.Traffic) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    with httpx.Client(timeout=5) as c:
+        for post in t.post_ids:
+            try:
+                r = c.get(f"{t.gateway_url}{routes.read_path(post)}")
+                out[post] = int(r.json()["count"]) if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, KeyError):
+                out[post] = None
+    return out
+
+
+def alerts_since(since: float) -> dict[str, dict[str, Any]]:
+    """What Alertmanager delivered to the stack's receivers (the local webhook sink) since
+    `since` (epoch s): per alert name, its receivers and the seconds after `since` it was first
+    notified firing and last notified resolved. For the report; a check that an experiment's
+    alert fired and resolved comes with the alert timing each mode needs."""
+    lay = layout.from_env()
+    try:
+        r = httpx.get(f"http://{layout.HOST}:{lay.ports.webhook_sink}/", timeout=5)
+        entries = r.json() if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        at = float(e.get("received_at", 0)) - since
+        payload = e.get("payload")
+        if at < 0 or not isinstance(payload, dict):
+            continue
+        for a in payload.get("alerts") or []:
+            name = (a.get("labels") or {}).get("alertname")
+            if not name:
+                continue
+            seen = out.setdefault(name, {"receivers": [], "fired_s": None, "resolved_s": None})
+            if e["receiver"] not in seen["receivers"]:
+                seen["receivers"].append(e["receiver"])
+            if a.get("status") == "firing" and seen["fired_s"] is None:
+                seen["fired_s"] = round(at, 1)
+            elif a.get("status") == "resolved":
+                seen["resolved_s"] = round(at, 1)
+    return out

@@ -1,0 +1,88 @@
+"""Run one experiment with Chaos Toolkit (chaoslib) and judge it.
+
+Chaos Toolkit reports `completed` even when an action failed (an activity's failure is in its
+own `status`), and when the hypothesis failed BEFORE the method (then nothing ran): the verdict
+here is `passed` only when the hypothesis held before and after the method (not `deviated`) and
+every activity and rollback succeeded. Rollbacks run
+always (the `always` strategy: the stack is left as it was found, whatever happened), and the
+traffic is stopped and `likes local up` run once more if the run is interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos import actions, catalog, probes, traffic
+
+SETTINGS = {"runtime": {"rollbacks": {"strategy": "always"}}}
+READY_WAIT_S = 120.0  # for every server to answer before an experiment starts
+
+
+@dataclass
+class Result:
+    id: str
+    status: str  # Chaos Toolkit's: completed, failed, aborted, interrupted
+    deviated: bool
+    verdict: str  # passed, deviated or failed
+    duration_s: float
+    failed_activities: list[str] = field(default_factory=list)
+    checks: dict[str, Any] = field(default_factory=dict)
+    journal: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run(
+    mode_id: str, journal_dir: Path | None = None, experiment: dict[str, Any] | None = None
+) -> Result:
+    """Run the mode's experiment (chaos/experiments/<id>.json), or `experiment` under its id."""
+    from chaoslib.experiment import run_experiment
+
+    if experiment is None:
+        experiment = catalog.experiment(mode_id)
+    traffic.end()
+    traffic._current = None  # each run measures its own traffic
+    probes.last.clear()
+    logging.getLogger("chaostoolkit").setLevel(logging.WARNING)
+    started = time.monotonic()
+    # a precondition, not the hypothesis: an earlier experiment's recovery may still be settling
+    # (a service's readiness follows its stores by a few seconds)
+    deadline = started + READY_WAIT_S
+    while not probes.stack_ready() and time.monotonic() < deadline:
+        time.sleep(2)
+    try:
+        journal: dict[str, Any] = dict(run_experiment(experiment, settings=SETTINGS))
+    except KeyboardInterrupt:
+        traffic.end()
+        actions.up()
+        raise
+    finally:
+        traffic.end()
+    duration = round(time.monotonic() - started, 1)
+    activities = list(journal.get("run") or []) + list(journal.get("rollbacks") or [])
+    failed = [
+        a.get("activity", {}).get("name", "?") for a in activities if a.get("status") != "succeeded"
+    ]
+    status, deviated = str(journal.get("status")), bool(journal.get("deviated"))
+    before = (journal.get("steady_states") or {}).get("before") or {}
+    if before.get("steady_state_met") is False:  # Chaos Toolkit: "completed", nothing ran
+        failed.insert(0, "steady state before the method (the stack was not ready)")
+    if deviated:
+        verdict = "deviated"
+    elif status == "completed" and not failed:
+        verdict = "passed"
+    else:
+        verdict = "failed"
+    result = Result(mode_id, status, deviated, verdict, duration, failed, dict(probes.last))
+    if journal_dir is not None:
+        journal_dir.mkdir(parents=True, exist_ok=True)
+        path = journal_dir / f"{mode_id}.json"
+        path.write_text(json.dumps({**journal, "likes": result.as_dict()}, indent=2, default=str))
+        result.journal = str(path)
+    return result

@@ -1,0 +1,249 @@
+"""The game days' traffic: likes and reads through the gateway, from many users each on an
+address of its own, while a fault is on; with a ledger of every like the platform accepted.
+
+Each like is a new (user, post) pair of this run (one like per user: human traffic, so the
+stack's abuse scorer leaves it alone), sent with an Idempotency-Key and retried with the same key
+as a client would: on a 429 or 503 after its Retry-After (or a short backoff), on a transport
+error or another 5xx after a backoff, until it gets a 202 or the run stops. Every attempt is a
+`Sample` (time, status, latency, whether a 503 said Retry-After), so the report can draw the
+timeline and the hypothesis can check what the clients saw. The ledger holds each pair that got
+a 202: those likes must exist (invariant 1) and be counted (6) once the fault is gone.
+
+The traffic runs in threads of the runner's process (Chaos Toolkit runs Python activities in
+process): `start` is an experiment's first action, `current()` is what the probes check, `stop`
+is idempotent and is in every experiment's rollbacks.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from services.client import client_ip
+from services.contracts import routes
+
+TRANSPORT = 0  # a Sample's status when no answer came (timeout, connection refused or reset)
+CLEAN = {202, 429}  # the answers a write may give at any time; a 503 only with Retry-After
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t: float  # seconds since the traffic started
+    kind: str  # "write" or "read"
+    status: int  # TRANSPORT when no answer came
+    latency_s: float
+    retry_after: bool = False
+
+
+@dataclass
+class Traffic:
+    gateway_url: str
+    token: Callable[[str], str]  # user -> bearer token of the stack's identity provider
+    users: int = 400  # likes in all (one per user), spread over `posts`
+    posts: int = 8
+    writers: int = 4
+    readers: int = 2
+    write_rate: float = 40.0  # likes a second over all writers (first attempts)
+    timeout_s: float = 3.0
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    samples: list[Sample] = field(default_factory=list)
+    ledger: dict[tuple[str, str], str] = field(default_factory=dict)  # accepted pair -> key
+    attempted: list[tuple[str, str]] = field(default_factory=list)  # every pair sent
+    marks: list[tuple[float, str]] = field(default_factory=list)  # (t, what the method did)
+
+    def __post_init__(self) -> None:
+        if self.users < 1 or self.posts < 1 or self.writers < 1 or self.readers < 0:
+            raise ValueError("users, posts and writers must be >= 1, readers >= 0")
+        self.post_ids = [f"gd-{self.run}-p{i}" for i in range(self.posts)]
+        self._next = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.stopped: float | None = None
+
+    # -- running ------------------------------------------------------------------------------
+    def start(self) -> Traffic:
+        self.started, self.started_wall = time.monotonic(), time.time()
+        for i in range(self.writers):
+            self._spawn(self._writer, f"writer-{i}")
+        for i in range(self.readers):
+            self._spawn(self._reader, f"reader-{i}")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=self.timeout_s * 3 + 5)
+        if self.stopped is None:
+            self.stopped = time.monotonic()
+
+    def mark(self, what: str) -> None:
+        """Note a fault or a recovery on the timeline (the report shades between them)."""
+        with self._lock:
+            self.marks.append((round(time.monotonic() - self.started, 2), what))
+
+    @property
+    def running(self) -> bool:
+        return not self._stop.is_set()
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=f"traffic-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _pair(self) -> tuple[str, str] | None:
+        with self._lock:
+            if self._next >= self.users:
+                return None
+            n, self._next = self._next, self._next + 1
+        pair = (f"gd-{self.run}-u{n}", self.post_ids[n % self.posts])
+        with self._lock:
+            self.attempted.append(pair)
+        return pair
+
+    def _record(self, s: Sample) -> None:
+        with self._lock:
+            self.samples.append(s)
+
+    def _writer(self) -> None:
+        gap = self.writers / self.write_rate
+        with httpx.Client(timeout=self.timeout_s) as c:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                pair = self._pair()
+                if pair is None:
+                    return
+                self._like(c, *pair)
+                self._stop.wait(max(0.0, gap - (time.monotonic() - began)))
+
+    def _like(self, c: httpx.Client, user: str, post: str) -> None:
+        key, token = str(uuid.uuid4()), self.token(user)
+        headers = {"authorization": f"Bearer {token}", "idempotency-key": key,
+                   routes.CLIENT_IP_HEADER: client_ip(token)}  # fmt: skip
+        body = {"post_id": post, "action": "like", "reaction": "like"}
+        backoff = 0.2
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                r = c.post(f"{self.gateway_url}{routes.WRITE_PATH}", json=body, headers=headers)
+                status, after = r.status_code, r.headers.get("retry-after")
+            except httpx.TransportError:
+                status, after = TRANSPORT, None
+            self._record(Sample(t0 - self.started, "write", status, time.monotonic() - t0,
+                                after is not None))  # fmt: skip
+            if status == 202:
+                with self._lock:
+                    self.ledger[(user, post)] = key
+                return
+            if 400 <= status < 500 and status != 429:
+                return  # refused for good: not accepted, nothing to retry
+            wait = _seconds(after) if after else backoff
+            backoff = min(2.0, backoff * 2)
+            self._stop.wait(min(wait, 5.0) * random.uniform(0.8, 1.2))
+
+    def _reader(self) -> None:
+        with httpx.Client(timeout=self.timeout_s) as c:
+            while not self._stop.is_set():
+                post = random.choice(self.post_ids)
+                t0 = time.monotonic()
+                try:
+                    status = c.get(f"{self.gateway_url}{routes.read_path(post)}").status_code
+                except httpx.TransportError:
+                    status = TRANSPORT
+                self._record(Sample(t0 - self.started, "read", status, time.monotonic() - t0))
+                self._stop.wait(0.05)
+
+    # -- what the clients saw -----------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            samples = list(self.samples)
+        writes = [s for s in samples if s.kind == "write"]
+        reads = [s for s in samples if s.kind == "read"]
+
+        def statuses(xs: list[Sample]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for s in xs:
+                k = "transport" if s.status == TRANSPORT else str(s.status)
+                out[k] = out.get(k, 0) + 1
+            return dict(sorted(out.items()))
+
+        return {
+            "run": self.run,
+            "posts": self.post_ids,
+            "likes_sent": len(self.attempted),
+            "likes_accepted": len(self.ledger),
+            "writes": statuses(writes),
+            "reads": statuses(reads),
+            "unclean_writes": sum(1 for s in writes if not clean_write(s)),
+            "read_5xx": sum(1 for s in reads if s.status >= 500),
+            "read_transport": sum(1 for s in reads if s.status == TRANSPORT),
+        }
+
+    def timeline(self, bucket_s: float = 1.0) -> list[dict[str, float]]:
+        """Per `bucket_s`: write and read success ratios and their p99 latency (ms)."""
+        with self._lock:
+            samples = list(self.samples)
+        buckets: dict[int, list[Sample]] = {}
+        for s in samples:
+            buckets.setdefault(int(s.t // bucket_s), []).append(s)
+        out = []
+        for b in sorted(buckets):
+            row: dict[str, float] = {"t": b * bucket_s}
+            for kind, ok in (("write", {202}), ("read", {200})):
+                xs = [s for s in buckets[b] if s.kind == kind]
+                if xs:
+                    row[f"{kind}_ok"] = sum(1 for s in xs if s.status in ok) / len(xs)
+                    lat = sorted(s.latency_s for s in xs)
+                    row[f"{kind}_p99_ms"] = 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+            out.append(row)
+        return out
+
+
+def clean_write(s: Sample) -> bool:
+    """A write answer the clients may see under any fault: 202, 429, or a 503 with Retry-After
+    (invariant 5: fail closed, fail fast). A transport error is not one."""
+    return s.status in CLEAN or (s.status == 503 and s.retry_after)
+
+
+def _seconds(retry_after: str) -> float:
+    try:
+        return max(0.0, float(retry_after))
+    except ValueError:
+        return 1.0  # an HTTP date: not sent by this platform; back off a second
+
+
+_current: Traffic | None = None
+
+
+def current() -> Traffic | None:
+    return _current
+
+
+def begin(traffic: Traffic) -> Traffic:
+    """Start `traffic` as the run's traffic (stopping any left from an earlier activity)."""
+    global _current
+    end()
+    _current = traffic.start()
+    return traffic
+
+
+def end() -> Traffic | None:
+    """Stop the run's traffic if any (idempotent); returns it, still readable."""
+    if _current is not None:
+        _current.stop()
+    return _current
+
+
+def mark(what: str) -> None:
+    """Note `what` on the run's traffic timeline, if traffic runs."""
+    if _current is not None:
+        _current.mark(what)

@@ -1,0 +1,131 @@
+"""`likes chaos`: the game days' failure modes and their experiments (chaos/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    help="Game days: the seed's failure modes (chaos/catalog.yaml) and their Chaos Toolkit "
+    "experiments, run against the local stack (LIKES_HOME / LIKES_PORT_OFFSET) with real faults.",
+    no_args_is_help=True,
+)
+console, err = Console(), Console(stderr=True)
+TARGETS = ("local",)
+
+
+@app.command("list")
+def list_(
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Every failure mode: its component, whether the local stack can enact it, and whether its
+    experiment exists yet."""
+    from chaos import catalog
+
+    modes = catalog.modes()
+    if json_out:
+        print(json.dumps([m.as_dict() for m in modes]))
+        return
+    t = Table(title=f"failure modes ({sum(m.enactable for m in modes)} of {len(modes)} enactable)")
+    for col in ("id", "component", "enactable", "experiment"):
+        t.add_column(col)
+    for m in modes:
+        t.add_row(m.id, m.component, "yes" if m.enactable else "production-only",
+                  "yes" if m.has_experiment else "-")  # fmt: skip
+    console.print(t)
+
+
+@app.command()
+def run(
+    mode_id: Annotated[str, typer.Argument(metavar="ID", help="A mode's id (`likes chaos list`).")],
+    target: Annotated[
+        str, typer.Option(help="Where the faults go: only `local` (this machine's stack) for now.")
+    ] = "local",
+    journal_dir: Annotated[
+        Path, typer.Option(help="Where the Chaos Toolkit journal is written (<ID>.json).")
+    ] = Path("chaos-journals"),
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Run one experiment: traffic through the gateway, the fault, the rollbacks (always), then
+    the invariants checked against the stores. Exit 0 when it passed, 1 when it deviated or an
+    activity failed, 2 when it cannot run. Mutates the stack: run it on a stack you can break."""
+    from chaos import catalog, runner
+
+    if target not in TARGETS:
+        err.print(f"[red]error:[/] unknown --target {target!r}; supported: {', '.join(TARGETS)}")
+        raise typer.Exit(2)
+    try:
+        catalog.experiment(mode_id)
+    except KeyError as e:
+        err.print(f"[red]error:[/] {e.args[0]}")
+        raise typer.Exit(2) from None
+    if not json_out:
+        console.print(f"running {mode_id} against the local stack ...")
+    result = runner.run(mode_id, journal_dir)
+    if json_out:
+        print(json.dumps(result.as_dict(), default=str))
+    else:
+        colour = {"passed": "green", "deviated": "yellow"}.get(result.verdict, "red")
+        console.print(f"{mode_id}: [{colour}]{result.verdict}[/] in {result.duration_s} s "
+                      f"(journal {result.journal})")  # fmt: skip
+        for name, ok in (result.checks.get("checks") or {}).items():
+            console.print(f"  {'ok ' if ok else 'BAD'} {name}")
+        if result.failed_activities:
+            console.print(f"  failed activities: {', '.join(result.failed_activities)}")
+    if result.verdict != "passed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def gameday(
+    only: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only these experiments (ids, repeated or comma-separated)."),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Where the journals and the report (Markdown, HTML) go.")
+    ] = Path("gameday"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the verdicts as JSON.")] = False,
+) -> None:
+    """Run every experiment (or --only some) one after the other against the local stack, then
+    write a journal per experiment and one report (report.md with plots/, report.html). Exit 0
+    when all passed, 1 when any deviated or failed, 2 when an id is unknown. Ctrl-C stops the
+    traffic, rolls the stack back and writes the report of what ran."""
+    from chaos import catalog, report, runner
+
+    runnable = [m.id for m in catalog.modes() if m.enactable and m.has_experiment]
+    wanted = [i.strip() for o in only or [] for i in o.split(",") if i.strip()]
+    unknown = sorted(set(wanted) - set(runnable))
+    if unknown:
+        err.print(f"[red]error:[/] no experiment for {', '.join(unknown)}; "
+                  f"runnable: {', '.join(runnable)}")  # fmt: skip
+        raise typer.Exit(2)
+    ids = [i for i in runnable if not wanted or i in wanted]
+    results: list[runner.Result] = []
+    interrupted = False
+    try:
+        for n, mode_id in enumerate(ids, 1):
+            if not json_out:
+                console.print(f"[{n}/{len(ids)}] {mode_id} ...")
+            r = runner.run(mode_id, out / "journals")
+            results.append(r)
+            if not json_out:
+                colour = {"passed": "green", "deviated": "yellow"}.get(r.verdict, "red")
+                console.print(f"      [{colour}]{r.verdict}[/] in {r.duration_s} s")
+    except KeyboardInterrupt:
+        interrupted = True
+        err.print("[yellow]interrupted:[/] traffic stopped, stack rolled back; reporting what ran")
+    md, page = report.write(results, out)
+    if json_out:
+        print(json.dumps({**report.summary(results), "report": str(md), "html": str(page)}))
+    else:
+        console.print(f"report: {md} and {page}")
+    if interrupted:
+        raise typer.Exit(130)
+    if any(r.verdict != "passed" for r in results):
+        raise typer.Exit(1)

@@ -1,0 +1,160 @@
+"""The experiments of chaos/experiments against Chaos Toolkit's own validation and the catalog
+(one truth: a fault aims at the servers its mode names), and `likes chaos list|run` offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chaoslib.experiment import ensure_experiment_is_valid
+from typer.testing import CliRunner
+
+from chaos import catalog
+from cli.main import app
+
+EXPERIMENTS = sorted(p.stem for p in catalog.EXPERIMENTS.glob("*.json"))
+FAULTS = {"kill", "stop", "pause"}
+runner = CliRunner()
+
+
+def funcs(activities: list[dict[str, Any]]) -> list[str]:
+    return [a["provider"]["func"] for a in activities]
+
+
+def test_there_are_experiments_and_each_is_an_enactable_mode() -> None:
+    modes = {m.id: m for m in catalog.modes()}
+    assert len(EXPERIMENTS) >= 6
+    for mode_id in EXPERIMENTS:
+        assert mode_id in modes, f"{mode_id}.json enacts no mode of catalog.yaml"
+        assert modes[mode_id].enactable, f"{mode_id} is production-only in the catalog"
+
+
+@pytest.mark.parametrize("mode_id", EXPERIMENTS)
+def test_chaos_toolkit_accepts_the_experiment(mode_id: str) -> None:
+    ensure_experiment_is_valid(catalog.experiment(mode_id))  # imports every Python provider too
+
+
+@pytest.mark.parametrize("mode_id", EXPERIMENTS)
+def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
+    exp, mode = catalog.experiment(mode_id), catalog.mode(mode_id)
+    method = funcs(exp["method"])
+    assert method[0] == "start_traffic"
+    faults = [a for a in exp["method"] if a["provider"]["func"] in FAULTS]
+    assert faults, "no fault in the method"
+    for a in faults:  # aimed where the catalog says
+        servers = a["provider"]["arguments"]["servers"]
+        assert set(servers) <= set(mode.targets), (servers, mode.targets)
+    assert method[-1] in ("restart", "resume", "up"), "the method ends by recovering"
+    probes = exp["steady-state-hypothesis"]["probes"]
+    assert [(p["provider"]["module"], p["provider"]["func"], p["tolerance"]) for p in probes] == [
+        ("chaos.probes", "invariants_hold", True)
+    ]
+    assert funcs(exp["rollbacks"]) == ["stop_traffic", "up"]
+    assert exp["configuration"] == {"mode": mode_id}  # the probe reads its alerts from the entry
+    assert exp["description"].startswith(mode.seed)
+
+
+def test_list_json_gives_every_mode() -> None:
+    r = runner.invoke(app, ["chaos", "list", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert [m["id"] for m in got] == [m.id for m in catalog.modes()]
+    by_id = {m["id"]: m for m in got}
+    for mode_id in EXPERIMENTS:
+        assert by_id[mode_id]["experiment"] is True and by_id[mode_id]["enactable"] is True
+    assert {"id", "component", "enactable"} <= set(got[0])
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["chaos", "run", "no-such-mode"], "no failure mode 'no-such-mode'"),
+        (["chaos", "run", "cdn-pop-outage"], "production-only"),
+        (["chaos", "run", "aggregator-crash", "--target", "prod-us"], "unknown --target"),
+        (["chaos", "gameday", "--only", "aggregator-crash,no-such-mode"], "no-such-mode"),
+    ],
+)
+def test_run_refuses_what_it_cannot_run_naming_the_problem(args: list[str], says: str) -> None:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert says in r.output
+
+
+def test_the_expected_alerts_are_the_catalogs_but_the_watchdog() -> None:
+    from chaos import probes
+
+    assert probes.expected_alerts("aggregator-crash") == [
+        "AggregatorStalled", "ConsumerLagBudgetBurn"]  # fmt: skip
+    assert probes.expected_alerts("kafka-broker-loss") == []  # "alert: none (gap)"
+    assert probes.expected_alerts("prometheus-loss") == []  # the Watchdog only
+    assert probes.expected_alerts(None) == probes.expected_alerts("no-such-mode") == []
+    fired = {"AggregatorStalled": {"fired_s": 20.0, "resolved_s": 40.0},
+             "ConsumerLagBudgetBurn": {"fired_s": 25.0, "resolved_s": None}}  # fmt: skip
+    assert not probes._fired_and_resolved(fired, ["AggregatorStalled", "ConsumerLagBudgetBurn"])
+    assert probes._fired_and_resolved(fired, ["AggregatorStalled"])
+
+
+def test_the_report_has_a_table_a_section_and_a_plot_per_experiment(tmp_path: Path) -> None:
+    from chaos import report
+    from chaos.runner import Result
+
+    timeline = [{"t": float(t), "write_ok": 0.0 if 5 <= t < 9 else 1.0, "write_p99_ms": 20.0,
+                 "read_ok": 1.0, "read_p99_ms": 5.0} for t in range(15)]  # fmt: skip
+    checks = {"checks": {"no_accepted_like_lost": True, "counts_converged": False},
+              "timeline": timeline, "marks": [[5.0, "kill aggregator"], [9.0, "recovered"]],
+              "drift": [[16.0, 12], [18.0, 0]], "traffic": {"likes_sent": 10, "likes_accepted": 9},
+              "alerts": {"AggregatorStalled": {"fired_s": 7.0, "resolved_s": 30.0}}}  # fmt: skip
+    ok = Result("aggregator-crash", "completed", False, "passed", 70.0, [], checks)
+    bad = Result("kafka-broker-loss", "completed", True, "deviated", 80.0, [], {})
+    md, page = report.write([ok, bad], tmp_path)
+    text = md.read_text()
+    assert "1 of 2 experiments passed." in text
+    assert "| [kafka-broker-loss](#kafka-broker-loss) | deviated | 80.0 s | - |" in text
+    assert "counts_converged | VIOLATED" in text and "at +5.0 s | kill aggregator" in text
+    assert "| AggregatorStalled | +7.0 s | +30.0 s | [runbooks/aggregator-stalled.md]" in text
+    svg = (tmp_path / "plots" / "aggregator-crash.svg").read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    assert not (tmp_path / "plots" / "kafka-broker-loss.svg").exists()  # no traffic, no plot
+    assert page.read_text().count("<svg") == 1
+
+
+def always(value: bool = True) -> bool:
+    return value
+
+
+def broken() -> None:
+    raise RuntimeError("the fault could not be injected")
+
+
+def _experiment(hypothesis: bool, action: str) -> dict[str, Any]:
+    here = {"type": "python", "module": __name__}
+    return {
+        "title": "offline", "description": "the runner's verdicts",
+        "steady-state-hypothesis": {"title": "h", "probes": [{
+            "type": "probe", "name": "h", "tolerance": True,
+            "provider": {**here, "func": "always", "arguments": {"value": hypothesis}}}]},
+        "method": [{"type": "action", "name": action, "provider": {**here, "func": action}}],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("hypothesis", "action", "verdict", "failed"),
+    [
+        (True, "always", "passed", []),
+        # Chaos Toolkit says "completed" for both: the runner must not
+        (True, "broken", "failed", ["broken"]),
+        (False, "always", "failed", ["steady state before the method (the stack was not ready)"]),
+    ],
+)
+def test_the_verdict_counts_failed_activities_and_an_unmet_hypothesis_before(
+    hypothesis: bool, action: str, verdict: str, failed: list[str],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:  # fmt: skip
+    from chaos import probes, runner
+
+    monkeypatch.setattr(probes, "stack_ready", lambda: True)
+    r = runner.run("offline", tmp_path, experiment=_experiment(hypothesis, action))
+    assert (r.status, r.verdict, r.failed_activities) == ("completed", verdict, failed)
+    assert json.loads((tmp_path / "offline.json").read_text())["likes"]["verdict"] == verdict
