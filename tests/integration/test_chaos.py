@@ -75,6 +75,7 @@ def test_an_experiment_that_loses_a_like_deviates(
             monkeypatch.setenv(k, v)
     exp = copy.deepcopy(catalog.experiment("aggregator-crash"))
     exp["title"] = "sabotage: one accepted like's edge deleted"
+    exp["configuration"] = {"mode": "sabotage"}  # no catalog entry: no alert to wait for
     start = exp["method"][0]
     start["pauses"] = {"after": 3}
     exp["method"] = [start, {
