@@ -127,6 +127,9 @@ class Scorer:
         self.held: Held | None = None
         self._retry_at = 0.0
         self._backoff = 0.0
+        # positions whose commit failed: committed again (merged with newer ones) until one takes
+        self._uncommitted: dict[tuple[str, int], int] = {}
+        self._commit_retry_at = 0.0
         self.stop = threading.Event()
         self.loop = LoopHealth((MODEL, EDGE_STORE), clock=clock)
         self.assigned: list[KTP] = []
@@ -167,6 +170,8 @@ class Scorer:
         msgs = self.consumer.consume(num_messages=self.s.abuse_batch, timeout=timeout)
         if msgs:
             self._finish(self._read(msgs))
+        elif self._uncommitted and self.clock() >= self._commit_retry_at:
+            self._commit({})  # an idle partition must not keep a failed commit's lag forever
 
     def _read(self, msgs: list[Message]) -> Held:
         held = Held([], {})
@@ -242,14 +247,23 @@ class Scorer:
         metrics.SCORED.inc(len(held.likes))
 
     def _commit(self, positions: dict[tuple[str, int], int]) -> None:
-        if not positions:
+        """Commit `positions` with any earlier ones whose commit failed. A failure (a rebalance,
+        the coordinator moved, the offsets topic refusing writes) keeps them for the next try:
+        the next owner would re-read and void again, idempotently, but a partition that goes idle
+        would otherwise show its lag forever (the consumer-lag exporter found it)."""
+        pending = {**self._uncommitted}
+        for k, o in positions.items():
+            pending[k] = max(o, pending.get(k, o))
+        if not pending:
             return
         try:
             self.consumer.commit(
-                offsets=[KTP(t, p, o) for (t, p), o in positions.items()], asynchronous=False
+                offsets=[KTP(t, p, o) for (t, p), o in pending.items()], asynchronous=False
             )
-        except KafkaException as e:  # a rebalance or the coordinator moved: the next owner
-            # (or this one) re-reads from the last commit and voids again, idempotently
+            self._uncommitted = {}
+        except KafkaException as e:
+            self._uncommitted = pending
+            self._commit_retry_at = self.clock() + 1.0
             log.warning("offset commit failed", extra={"fields": {"error": str(e)}})
 
     def ready(self) -> dict[str, bool]:

@@ -32,7 +32,7 @@ def test_every_view_reads_its_store_and_a_lost_replica_is_a_problem(stack: Stack
     assert committed and all(len(r["isr"]) == len(r["replicas"]) == 3 for r in committed)
     assert [r["up"] for r in views["cassandra"]["rows"]] == [True]
     assert [r["leader"] for r in views["etcd"]["rows"]] == [True]
-    assert {r["group"] for r in views["lag"]["rows"]} == {"likes-aggregator"}
+    assert {r["group"] for r in views["lag"]["rows"]} == {"likes-aggregator", "likes-abuse-scorer"}
 
     # a count-cache replica stops: its primary is one failure away from losing writes
     roles = {}
