@@ -27,7 +27,7 @@ log = logging.getLogger("chaos.actions")
 _sup: supervisor.Supervisor | None = None
 
 
-def _supervisor() -> supervisor.Supervisor:
+def stack_supervisor() -> supervisor.Supervisor:
     """The stack's supervisor, built once per process (rendering the program under mocks, from
     its cache, takes seconds; experiments call it several times)."""
     global _sup
@@ -75,7 +75,7 @@ def stop_traffic() -> dict[str, Any] | None:
 
 
 def _signal(servers: list[str], sig: signal.Signals) -> list[str]:
-    sup = _supervisor()
+    sup = stack_supervisor()
     running = sup.running()
     hit = []
     for name in _names(sup, servers):
@@ -92,14 +92,14 @@ def _signal(servers: list[str], sig: signal.Signals) -> list[str]:
 
 def kill(servers: list[str]) -> list[str]:
     """SIGKILL (a crash: no clean shutdown); returns the servers that were running."""
-    sup = _supervisor()
+    sup = stack_supervisor()
     traffic.mark(f"kill {' '.join(servers)}")
     return [n for n in _names(sup, servers) if sup.kill(n)]
 
 
 def stop(servers: list[str]) -> list[str]:
     """SIGTERM and wait (a clean stop, as a rolling deploy would)."""
-    sup = _supervisor()
+    sup = stack_supervisor()
     traffic.mark(f"stop {' '.join(servers)}")
     return [n for n in _names(sup, servers) if sup.stop(n)]
 
@@ -119,7 +119,7 @@ def resume(servers: list[str]) -> list[str]:
 def restart(servers: list[str]) -> list[str]:
     """Start the given servers' components again (what is not running) and wait until every
     server of them answers: `likes local up --only <components>`. Returns what was started."""
-    sup = _supervisor()
+    sup = stack_supervisor()
     names = _names(sup, servers)
     resume(names)
     comps = sorted({sup.all_servers()[n][0].name for n in names})
@@ -132,7 +132,7 @@ def restart(servers: list[str]) -> list[str]:
 def up() -> list[str]:
     """Undo every process fault: SIGCONT to every recorded server, then start whatever is not
     running and wait until it answers (`likes local up`, minus its render when nothing is down)."""
-    sup = _supervisor()
+    sup = stack_supervisor()
     for e in sup.running().values():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(e.pid, signal.SIGCONT)

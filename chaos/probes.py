@@ -29,7 +29,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 
 from chaos import catalog, traffic
 from cli import stack_settings
-from local import components, layout, supervisor
+from local import layout
 from services.contracts import clients, convergence, routes
 
 last: dict[str, Any] = {}
@@ -64,8 +64,9 @@ def _fired_and_resolved(alerts: dict[str, dict[str, Any]], expected: list[str]) 
 
 def stack_ready() -> bool:
     """Every server of the local stack answers a real request now."""
-    lay = layout.from_env()
-    health = supervisor.Supervisor(lay, components.build(lay)).check()
+    from chaos import actions  # its supervisor is built once per process (a render: seconds)
+
+    health = actions.stack_supervisor().check()
     down = {n: h.reason for n, h in health.items() if not h.healthy}
     last["not_ready"] = down
     return not down

@@ -99,8 +99,9 @@ def write(results: Sequence[Result], out_dir: Path) -> tuple[Path, Path]:
                     f"<td>{r.duration_s} s</td><td>{html.escape(failed)}</td></tr>")  # fmt: skip
     page.append("</table>")
     for r in results:
-        md += _section_md(r, out_dir)
-        page += _section_html(r)
+        svg = plot(r)  # drawn once, for both documents
+        md += _section_md(r, out_dir, svg)
+        page += _section_html(r, svg)
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
     md_path.write_text("\n".join(md) + "\n")
     html_path.write_text(
@@ -138,12 +139,11 @@ def _facts(r: Result) -> list[tuple[str, str]]:
     return facts
 
 
-def _section_md(r: Result, out_dir: Path) -> list[str]:
+def _section_md(r: Result, out_dir: Path, svg: str) -> list[str]:
     seed, fidelity = _describe(r)
     lines = ["", f"## {r.id}", "", f"**{r.verdict}** in {r.duration_s} s. {seed}", ""]
     if fidelity:
         lines += [f"Fidelity: {fidelity}", ""]
-    svg = plot(r)
     if svg:
         (out_dir / "plots" / f"{r.id}.svg").write_text(svg)
         lines += [f"![{r.id} timeline](plots/{r.id}.svg)", ""]
@@ -157,13 +157,12 @@ def _section_md(r: Result, out_dir: Path) -> list[str]:
     return lines
 
 
-def _section_html(r: Result) -> list[str]:
+def _section_html(r: Result, svg: str) -> list[str]:
     seed, fidelity = _describe(r)
     out = [f"<h2 id='{r.id}'>{r.id}</h2>",
            f"<p><b>{r.verdict}</b> in {r.duration_s} s. {html.escape(seed)}</p>"]  # fmt: skip
     if fidelity:
         out.append(f"<p>Fidelity: {html.escape(fidelity)}</p>")
-    svg = plot(r)
     if svg:
         out.append(svg[svg.index("<svg") :])
     out.append("<table>" + "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from services.contracts import events
+from services.contracts import kafka as kafka_contract
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -32,7 +33,8 @@ def test_every_view_reads_its_store_and_a_lost_replica_is_a_problem(stack: Stack
     assert committed and all(len(r["isr"]) == len(r["replicas"]) == 3 for r in committed)
     assert [r["up"] for r in views["cassandra"]["rows"]] == [True]
     assert [r["leader"] for r in views["etcd"]["rows"]] == [True]
-    assert {r["group"] for r in views["lag"]["rows"]} == {"likes-aggregator", "likes-abuse-scorer"}
+    watched = {kafka_contract.AGGREGATOR_GROUP, kafka_contract.ABUSE_GROUP}
+    assert {r["group"] for r in views["lag"]["rows"]} == watched
 
     # a count-cache replica stops: its primary is one failure away from losing writes
     roles = {}
