@@ -154,6 +154,10 @@ class Scorer:
         # the next owner reads from the committed offsets: a held batch is theirs now
         if self.held is not None:
             self.consumer.resume(self.assigned)
+            # nothing waits on the dependency now: /readyz must not say so until a batch of the
+            # new assignment fails again (an idle partition would keep it unready for good)
+            self.loop.waiting_for = None
+            metrics.DEFERRED.set(0)
         self.held = None
         self.assigned = []
 

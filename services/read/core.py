@@ -214,6 +214,37 @@ class Reader:
             _DEPENDENCY_ERRORS[breaker.name].inc(errors)
         self._show(breaker)
 
+    async def probe_open_breakers(self) -> None:
+        """Give each breaker whose cooldown is over its trial call, whether or not a read needs
+        the dependency. A read tries a breaker only when it reaches that tier: once the
+        count-cache answers again no read goes on to the counter-store, so without this its
+        breaker (and likes_read_breaker_open, and ReadBreakerOpen) would stay open long after
+        the store came back (the edge-store-quorum-loss game day found it). The trials are the
+        reads' own calls on a key nobody writes; the read service runs this every second."""
+        probe = "__breaker_probe__"
+        if self.cache_breaker.state == "half_open":
+            await self._guarded_batch(
+                self.cache_breaker, self.cache_timeout_s, lambda: self.cache.aggregates([probe]), 1
+            )
+        if self.store_breaker.state == "half_open":
+            await self._guarded_batch(
+                self.store_breaker, self.store_timeout_s, lambda: self.store.sums([probe]), 1
+            )
+        if self.edge_breaker.state == "half_open":
+            try:
+                await self._call(
+                    self.edge_breaker,
+                    self.store_timeout_s,
+                    lambda: self.store.edge_states(probe, [probe]),
+                )
+            except Exception:  # _call counted it and reopened the breaker
+                return
+            self._succeeded(self.edge_breaker)
+
+    def _succeeded(self, breaker: CircuitBreaker) -> None:
+        breaker.success()
+        self._show(breaker)
+
     def _show(self, breaker: CircuitBreaker) -> None:
         """likes_read_breaker_open, set when it changes (a gauge's set() locks: once a read)."""
         is_open = 0 if breaker.opened_at is None else 1  # open or half-open
@@ -303,7 +334,7 @@ class Reader:
             raw = await self._call(
                 self.cache_breaker, self.cache_timeout_s, lambda: self.cache.bloom(user_id)
             )
-            self.cache_breaker.success()
+            self._succeeded(self.cache_breaker)
             if raw is None and self.rebuild_filter is not None:
                 self.rebuild_filter(user_id)  # a miss: built in the background, used next time
         except Exception:
@@ -326,7 +357,7 @@ class Reader:
                     self.store_timeout_s,
                     lambda: self.store.edge_states(user_id, maybes),
                 )
-                self.edge_breaker.success()
+                self._succeeded(self.edge_breaker)
             except Exception as e:
                 if not isinstance(e, Unavailable):
                     log.warning("edge-store lookup failed", extra={"fields": {"error": repr(e)}})

@@ -6,6 +6,7 @@ last-resort middleware that turns any exception or 5xx on /v1 into a degraded 20
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from services.read.metrics import DEGRADED
 from services.read.stores import CassandraStore, FilterRebuilder, RedisCountCache
 
 log = logging.getLogger("read")
+BREAKER_PROBE_S = 1.0  # under every breaker's cooldown: a closed dependency is seen within ~1 s
 
 
 class NeverFail:
@@ -76,6 +78,16 @@ class NeverFail:
         await send({"type": "http.response.body", "body": body})
 
 
+async def _probe_breakers(reader: Reader, every_s: float = BREAKER_PROBE_S) -> None:
+    """A breaker whose dependency no read reaches still closes once the dependency is back."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await reader.probe_open_breakers()
+        except Exception as e:  # the next turn tries again; reads never depend on this task
+            log.warning("breaker trial failed", extra={"fields": {"error": repr(e)}})
+
+
 def create_app(
     settings: HotPoolSettings | None = None,
     *,
@@ -122,11 +134,13 @@ def create_app(
         app.state.cache, app.state.store, app.state.heat = cache, store, heat_source
         rebuilder = FilterRebuilder(cache, store)
         options = {"rebuild_filter": rebuilder.request, **(reader_options or {})}
-        app.state.reader = Reader(hot_cache, store, **options)
+        app.state.reader = reader = Reader(hot_cache, store, **options)
+        trials = asyncio.create_task(_probe_breakers(reader), name="breaker-trials")
         heap.settle()
         try:
             yield
         finally:
+            trials.cancel()
             await rebuilder.close()
             await pools_view.close()
             await hot_cache.close()

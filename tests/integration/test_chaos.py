@@ -18,6 +18,7 @@ pytestmark = pytest.mark.stack
 
 # One test item per experiment run in CI. The rest of chaos/experiments runs by `likes chaos run`
 # (each ~100 s: the suite's 45-minute budget takes two more for now; see the issue's notes).
+# edge-store-quorum-loss is not here yet: 1 run in 5 leaves a count 3 short (issue 14's notes).
 IN_CI = ("aggregator-crash", "write-idem-store-down")
 
 

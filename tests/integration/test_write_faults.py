@@ -3,6 +3,8 @@ down still accepts (the outbox relay publishes once it is back)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -10,6 +12,7 @@ import uuid
 import httpx
 import pytest
 from cassandra.cluster import Session
+from cassandra.concurrent import execute_concurrent_with_args
 from fastapi.testclient import TestClient
 
 from services.contracts import clients, convergence, workloads
@@ -83,6 +86,29 @@ def test_cassandra_down_fails_fast_with_503(
     assert s == 202 and body["changed"] is True
     wait_for_cql(cql)
     assert edge_state(cql, user, post) == "liked"
+
+
+def test_a_killed_cassandra_keeps_every_write_it_acknowledged(stack: Stack, cql: Session) -> None:
+    """A 202 is a promise the edge exists (invariant 1), and production keeps it with a quorum of
+    replicas; the local stack has one node, so its commitlog must sync before it acknowledges
+    (local/cassandra/cassandra.yaml). With the periodic sync it had, replay stopped at the last
+    sync marker and a SIGKILL lost the writes acknowledged since (a game day found three likes
+    gone that way): this writes a burst, kills the node the moment the last one is
+    acknowledged, and finds every row after the restart."""
+    user = f"u-durable-{uuid.uuid4()}"
+    insert = cql.prepare(
+        "INSERT INTO edges (user_id, kind, ref, state, void) VALUES (?, 'edge', ?, 'liked', false)"
+    )
+    refs = [f"p-{i}" for i in range(2000)]
+    pid = int(stack.status()["cassandra"]["pid"])
+    results = execute_concurrent_with_args(cql, insert, [(user, r) for r in refs], concurrency=64)
+    assert all(ok for ok, _ in results)  # every one acknowledged
+    os.kill(pid, signal.SIGKILL)  # at once: a CLI would give a periodic sync a second to run
+    stack.up()
+    wait_for_cql(cql)
+    rows = cql.execute("SELECT ref FROM edges WHERE user_id = %s AND kind = 'edge'", (user,))
+    kept = {r.ref for r in rows}
+    assert len(kept) == len(refs), f"{len(refs) - len(kept)} acknowledged writes lost"
 
 
 def test_kafka_down_still_202_and_relay_drains_after_restart(

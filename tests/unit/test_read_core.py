@@ -297,6 +297,58 @@ async def test_an_open_breaker_stops_calling_a_dead_cache(
     assert cache.calls == ["aggregates", "aggregates"]
 
 
+async def test_a_breaker_no_read_reaches_closes_once_its_store_is_back(
+    cache: MemCache, store: MemStore, clock: Clock
+) -> None:
+    """The counter-store is down while the count-cache misses: its breaker opens. The cache then
+    answers every read, so no read reaches the store again: the trial must still close it (and
+    the gauge with it), or ReadBreakerOpen would fire on a healthy store."""
+    r = Reader(
+        cache,
+        store,
+        clock=clock,
+        store_breaker=CircuitBreaker("counter-store", threshold=1, clock=clock),
+    )
+    store.down = True
+    (v,) = await r.counts(["p"])
+    assert v.tier == "none"
+    assert r.store_breaker.state == "open"
+    cache.aggs["p"] = Aggregate(3, {}, ms(clock))
+    store.down = False
+    clock.t += r.store_breaker.cooldown_s
+    (v,) = await r.counts(["p"])
+    assert (v.tier, store.sum_queries) == ("aggregate", 1)  # no read went on to the store
+    assert r.store_breaker.state == "half_open"
+    await r.probe_open_breakers()
+    assert (r.store_breaker.state, store.sum_queries) == ("closed", 2)
+    assert r._shown["counter-store"] == 0
+
+
+async def test_a_breaker_trial_on_a_store_still_down_keeps_it_open(
+    cache: MemCache, store: MemStore, clock: Clock
+) -> None:
+    r = Reader(
+        cache,
+        store,
+        clock=clock,
+        edge_breaker=CircuitBreaker("edge-store", threshold=1, clock=clock),
+    )
+    cache.blooms["u"] = user_filter("a")
+    store.down = True
+    assert await r.has_liked("u", ["a"]) == [None]
+    await r.probe_open_breakers()  # cooldown not over: no trial
+    assert (r.edge_breaker.state, store.edge_queries) == ("open", 1)
+    clock.t += r.edge_breaker.cooldown_s
+    await r.probe_open_breakers()
+    assert (r.edge_breaker.state, store.edge_queries) == ("open", 2)
+    assert r._shown["edge-store"] == 1
+    store.down = False
+    clock.t += r.edge_breaker.cooldown_s
+    await r.probe_open_breakers()
+    assert (r.edge_breaker.state, r._shown["edge-store"]) == ("closed", 0)
+    assert await r.has_liked("u", ["a"]) == [False]  # the edge was never written
+
+
 # -- has_liked --------------------------------------------------------------------------------
 
 
