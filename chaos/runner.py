@@ -65,6 +65,12 @@ def run(
     finally:
         traffic.end()
     duration = round(time.monotonic() - started, 1)
+    result = judge(mode_id, journal, duration, dict(probes.last))
+    return _save(result, journal, journal_dir)
+
+
+def judge(mode_id: str, journal: dict[str, Any], duration: float, checks: dict[str, Any]) -> Result:
+    """The verdict on a Chaos Toolkit journal (this module's docstring)."""
     activities = list(journal.get("run") or []) + list(journal.get("rollbacks") or [])
     failed = [
         a.get("activity", {}).get("name", "?") for a in activities if a.get("status") != "succeeded"
@@ -79,7 +85,43 @@ def run(
         verdict = "passed"
     else:
         verdict = "failed"
-    result = Result(mode_id, status, deviated, verdict, duration, failed, dict(probes.last))
+    return Result(mode_id, status, deviated, verdict, duration, failed, checks)
+
+
+def run_k8s(
+    mode_id: str,
+    journal_dir: Path | None = None,
+    stack: str = "prod-us",
+    secrets: dict[str, str] | None = None,
+    experiment: dict[str, Any] | None = None,
+) -> Result:
+    """The mode's production variant (chaos/k8s.py), or `experiment`, against the cluster of the
+    current kube context (or `secrets`: chaostoolkit-kubernetes's KUBERNETES_HOST and friends)."""
+    from chaoslib.experiment import run_experiment
+
+    from chaos import k8s
+
+    if experiment is None:
+        experiment = k8s.experiment(mode_id, stack)
+    if secrets:
+        experiment["secrets"] = {"k8s": dict(secrets)}
+        for activity in [*experiment["method"], *experiment["steady-state-hypothesis"]["probes"]]:
+            activity["provider"]["secrets"] = ["k8s"]
+    logging.getLogger("chaostoolkit").setLevel(logging.WARNING)
+    started = time.monotonic()
+    journal: dict[str, Any] = dict(run_experiment(experiment, settings=SETTINGS))
+    duration = round(time.monotonic() - started, 1)
+    deleted = [
+        name
+        for a in journal.get("run") or []
+        if a.get("activity", {}).get("provider", {}).get("func") == "terminate_pods"
+        for name in a.get("output") or []
+    ]
+    return _save(judge(mode_id, journal, duration, {"pods_deleted": deleted}), journal, journal_dir)
+
+
+def _save(result: Result, journal: dict[str, Any], journal_dir: Path | None) -> Result:
+    mode_id = result.id
     if journal_dir is not None:
         journal_dir.mkdir(parents=True, exist_ok=True)
         path = journal_dir / f"{mode_id}.json"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from chaos import runner as runner_types
 
 app = typer.Typer(
     help="Game days: the seed's failure modes (chaos/catalog.yaml) and their Chaos Toolkit "
@@ -16,7 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 console, err = Console(), Console(stderr=True)
-TARGETS = ("local",)
+TARGETS = ("local", "k8s")
 
 
 @app.command("list")
@@ -44,8 +48,22 @@ def list_(
 def run(
     mode_id: Annotated[str, typer.Argument(metavar="ID", help="A mode's id (`likes chaos list`).")],
     target: Annotated[
-        str, typer.Option(help="Where the faults go: only `local` (this machine's stack) for now.")
+        str,
+        typer.Option(
+            help="Where the faults go: `local` (this machine's stack) or `k8s` (the cluster of "
+            "the current kube context: the production variant, chaos/k8s.py)."
+        ),
     ] = "local",
+    stack: Annotated[
+        str, typer.Option(help="With --target k8s: the Pulumi stack whose render names the pods.")
+    ] = "prod-us",
+    print_only: Annotated[
+        bool,
+        typer.Option("--print", help="Print the experiment (Chaos Toolkit JSON) and run nothing."),
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="With --target k8s: do not ask before deleting pods.")
+    ] = False,
     journal_dir: Annotated[
         Path, typer.Option(help="Where the Chaos Toolkit journal is written (<ID>.json).")
     ] = Path("chaos-journals"),
@@ -53,20 +71,36 @@ def run(
 ) -> None:
     """Run one experiment: traffic through the gateway, the fault, the rollbacks (always), then
     the invariants checked against the stores. Exit 0 when it passed, 1 when it deviated or an
-    activity failed, 2 when it cannot run. Mutates the stack: run it on a stack you can break."""
+    activity failed, 2 when it cannot run. Mutates the stack: run it on a stack you can break.
+
+    With --target k8s it deletes the production pods the local fault stands for (asking first,
+    unless --yes) and checks they run again; the users' traffic and the SLO alerts do the rest."""
     from chaos import catalog, runner
 
     if target not in TARGETS:
         err.print(f"[red]error:[/] unknown --target {target!r}; supported: {', '.join(TARGETS)}")
         raise typer.Exit(2)
     try:
-        catalog.experiment(mode_id)
+        experiment = catalog.experiment(mode_id)
+        if target == "k8s":
+            from chaos import k8s
+
+            experiment = k8s.experiment(mode_id, stack)
     except KeyError as e:
         err.print(f"[red]error:[/] {e.args[0]}")
         raise typer.Exit(2) from None
-    if not json_out:
-        console.print(f"running {mode_id} against the local stack ...")
-    result = runner.run(mode_id, journal_dir)
+    except Exception as e:  # k8s.NoVariant, or a stack the program cannot render
+        err.print(f"[red]error:[/] no production variant: {e}")
+        raise typer.Exit(2) from None
+    if print_only:
+        print(json.dumps(experiment, indent=2))
+        return
+    if target == "k8s":
+        result = _run_k8s(mode_id, experiment, stack, yes, journal_dir, json_out)
+    else:
+        if not json_out:
+            console.print(f"running {mode_id} against the local stack ...")
+        result = runner.run(mode_id, journal_dir)
     if json_out:
         print(json.dumps(result.as_dict(), default=str))
     else:
@@ -79,6 +113,29 @@ def run(
             console.print(f"  failed activities: {', '.join(result.failed_activities)}")
     if result.verdict != "passed":
         raise typer.Exit(1)
+
+
+def _run_k8s(
+    mode_id: str,
+    experiment: dict[str, object],
+    stack: str,
+    yes: bool,
+    journal_dir: Path,
+    json_out: bool,
+) -> runner_types.Result:
+    from chaos import runner
+
+    faults = [a["name"] for a in experiment["method"]]  # type: ignore[attr-defined]
+    what = f"{mode_id} on the cluster of the current kube context ({', '.join(faults)})"
+    if not yes:
+        if not sys.stdin.isatty():
+            err.print(f"[red]error:[/] refusing to run {what} without --yes (no terminal to ask)")
+            raise typer.Exit(2)
+        if not typer.confirm(f"This deletes production pods: {what}. Go on?", default=False):
+            raise typer.Exit(2)
+    if not json_out:
+        console.print(f"running {what} ...")
+    return runner.run_k8s(mode_id, journal_dir, stack)
 
 
 @app.command()

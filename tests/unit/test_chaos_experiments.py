@@ -74,12 +74,24 @@ def test_list_json_gives_every_mode() -> None:
         (["chaos", "run", "cdn-pop-outage"], "production-only"),
         (["chaos", "run", "aggregator-crash", "--target", "prod-us"], "unknown --target"),
         (["chaos", "gameday", "--only", "aggregator-crash,no-such-mode"], "no-such-mode"),
+        (["chaos", "run", "kafka-consumer-lag-spike", "--target", "k8s"], "pod-level counterpart"),
+        # production pods are deleted only on a yes: CliRunner's stdin is no terminal to ask
+        (["chaos", "run", "aggregator-crash", "--target", "k8s"], "without --yes"),
     ],
 )
 def test_run_refuses_what_it_cannot_run_naming_the_problem(args: list[str], says: str) -> None:
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert says in r.output
+
+
+def test_run_print_shows_the_production_variant_and_runs_nothing() -> None:
+    r = runner.invoke(app, ["chaos", "run", "aggregator-crash", "--target", "k8s", "--print"])
+    assert r.exit_code == 0, r.output
+    e = json.loads(r.stdout)
+    (fault,) = e["method"]
+    assert fault["provider"]["func"] == "terminate_pods"
+    assert fault["provider"]["arguments"]["label_selector"] == "app.kubernetes.io/name=aggregator"
 
 
 def test_the_expected_alerts_are_the_catalogs_but_the_watchdog() -> None:
