@@ -61,6 +61,49 @@ def plot(result: Result) -> str:
     return out.getvalue()
 
 
+OK_SHARE = 0.99  # a second whose answers were at least this share OK counts as healthy
+
+
+def timings(result: Result) -> dict[str, float | None]:
+    """What a reader of a postmortem asks first, from the timeline (one row per second):
+    - `writes_degraded_s` / `reads_degraded_s`: seconds whose answers were under 99 % OK
+      (a 429 or a clean 503 is a correct answer, not an OK one);
+    - `writes_back_after_s`: from the end of the fault (the first restart or resume) to the
+      first healthy second of writes after it (0 when writes never suffered);
+    - `stale_for_s`: once the traffic stopped, how long the counts took to equal the truth.
+    None where the run has no such data."""
+    c = result.checks
+    rows: list[dict[str, float]] = c.get("timeline") or []
+    marks = [(float(m[0]), str(m[1])) for m in c.get("marks") or []]
+    ends = [t for t, what in marks if what.startswith(("restart", "resume"))]
+
+    def degraded(kind: str) -> float | None:
+        shares = [r.get(f"{kind}_ok") for r in rows]
+        seen = [x for x in shares if x is not None]
+        return float(sum(x < OK_SHARE for x in seen)) if seen else None
+
+    back: float | None = None
+    if rows and ends:
+        after = [r for r in rows if r["t"] >= ends[0] and r.get("write_ok") is not None]
+        healthy = [r["t"] for r in after if r["write_ok"] >= OK_SHARE]
+        suffered = any(r.get("write_ok", 1.0) < OK_SHARE for r in rows)
+        if not suffered:
+            back = 0.0
+        elif healthy:
+            back = round(max(0.0, healthy[0] - ends[0]), 1)
+    first_match = (c.get("convergence") or {}).get("first_match_s")
+    return {
+        "writes_degraded_s": degraded("write"),
+        "reads_degraded_s": degraded("read"),
+        "writes_back_after_s": back,
+        "stale_for_s": None if first_match is None else round(float(first_match), 1),
+    }
+
+
+def _seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:g} s"
+
+
 def _alerts(result: Result) -> list[tuple[str, str, str, str]]:
     """(alert, fired, resolved, runbook) rows."""
     out = []
@@ -89,14 +132,22 @@ def write(results: Sequence[Result], out_dir: Path) -> tuple[Path, Path]:
     page: list[str] = ["<h1>Game day report</h1>"]
     passed = sum(r.verdict == "passed" for r in results)
     head = f"{passed} of {len(results)} experiments passed."
-    md += [head, "", "| experiment | verdict | duration | failed activities |", "|---|---|---|---|"]
-    page += [f"<p>{head}</p>", "<table><tr><th>experiment</th><th>verdict</th>"
-             "<th>duration</th><th>failed activities</th></tr>"]  # fmt: skip
+    cols = ["experiment", "verdict", "duration", "writes degraded", "writes back after",
+            "stale after traffic", "failed activities"]  # fmt: skip
+    md += [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    page += [f"<p>{head}</p>", "<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
     for r in results:
         failed = ", ".join(r.failed_activities) or "-"
-        md.append(f"| [{r.id}](#{r.id}) | {r.verdict} | {r.duration_s} s | {failed} |")
-        page.append(f"<tr><td><a href='#{r.id}'>{r.id}</a></td><td>{r.verdict}</td>"
-                    f"<td>{r.duration_s} s</td><td>{html.escape(failed)}</td></tr>")  # fmt: skip
+        tm = timings(r)
+        cells = [
+            r.verdict,
+            f"{r.duration_s} s",
+            *(_seconds(tm[k]) for k in ("writes_degraded_s", "writes_back_after_s", "stale_for_s")),
+            failed,
+        ]
+        md.append(f"| [{r.id}](#{r.id}) | " + " | ".join(cells) + " |")
+        page.append(f"<tr><td><a href='#{r.id}'>{r.id}</a></td>"
+                    + "".join(f"<td>{html.escape(x)}</td>" for x in cells) + "</tr>")  # fmt: skip
     page.append("</table>")
     for r in results:
         svg = plot(r)  # drawn once, for both documents
@@ -176,5 +227,8 @@ def _section_html(r: Result, svg: str) -> list[str]:
 
 
 def summary(results: Sequence[Result]) -> dict[str, Any]:
-    rows = [{"id": r.id, "verdict": r.verdict, "duration_s": r.duration_s} for r in results]
+    rows = [
+        {"id": r.id, "verdict": r.verdict, "duration_s": r.duration_s, **timings(r)}
+        for r in results
+    ]
     return {"passed": sum(r.verdict == "passed" for r in results), "experiments": rows}

@@ -123,7 +123,16 @@ def test_the_report_has_a_table_a_section_and_a_plot_per_experiment(tmp_path: Pa
     md, page = report.write([ok, bad], tmp_path)
     text = md.read_text()
     assert "1 of 2 experiments passed." in text
-    assert "| [kafka-broker-loss](#kafka-broker-loss) | deviated | 80.0 s | - |" in text
+    # writes failed for 4 s (t 5-8); no restart mark and no convergence data in this run
+    assert "| [aggregator-crash](#aggregator-crash) | passed | 70.0 s | 4 s | - | - | - |" in text
+    assert "| [kafka-broker-loss](#kafka-broker-loss) | deviated | 80.0 s | - | - | - | - |" in text
+    assert report.timings(ok) == {"writes_degraded_s": 4.0, "reads_degraded_s": 0.0,
+                                  "writes_back_after_s": None, "stale_for_s": None}  # fmt: skip
+    late = Result("x", "completed", False, "passed", 1.0, [], {**checks, "marks": [
+        [5.0, "kill aggregator"], [7.0, "restart aggregator"]],
+        "convergence": {"first_match_s": 3.25}})  # fmt: skip
+    assert report.timings(late)["writes_back_after_s"] == 2.0  # t 9, the first healthy second
+    assert report.timings(late)["stale_for_s"] == 3.2
     assert "counts_converged | VIOLATED" in text and "at +5.0 s | kill aggregator" in text
     assert "| AggregatorStalled | +7.0 s | +30.0 s | [runbooks/aggregator-stalled.md]" in text
     svg = (tmp_path / "plots" / "aggregator-crash.svg").read_text()
