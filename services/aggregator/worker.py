@@ -640,6 +640,13 @@ class Aggregator:
                     r = by.get((c.region, c.shard))
                     st = CellState(r.value, r.applied, r.reactions) if r else CellState.empty()
                     states[c] = st
+                    # what the store holds is what the cache holds from now on, even for a cell
+                    # this window leaves alone: a write of ours that landed although its flush
+                    # failed (Cassandra killed before the next step) puts the store ahead of the
+                    # cache; the retry then skips those events as replays, and a stale cached
+                    # state would be written back over them at the next window (the
+                    # edge-store-quorum-loss game day lost three likes of one post that way)
+                    self._cache_put(c, w.cell_tp[c], st)
         plans: dict[str, Plan] = {}
         for pid, cs in posts.items():
             plan = []

@@ -213,3 +213,42 @@ def void_of(cql: Session, user: str, post: str) -> bool:
 
 def stack_api(stack: Stack) -> LikesClient:
     return LikesClient(stack.gateway_url, stack.gateway_url, attempts=8)
+
+
+def test_a_scorer_whose_waiting_batch_is_revoked_is_ready_again(stack: Stack) -> None:
+    """While the model server is away the scorer holds its batch and says so on /readyz. A
+    rebalance hands the batch to the next owner: nothing waits on the model here any more, so
+    an idle scorer must not stay unready (it did, until a batch of its own was scored: the game
+    days found the stack's scorer unready long after the model was back)."""
+    from services.abuse.main import build
+    from services.abuse.settings import ScorerSettings
+
+    env = stack.workload_env("read")  # the shared settings; the scorer's own are defaulted
+    values = {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
+    values = {k: v for k, v in values.items() if k in ScorerSettings.model_fields}
+    s = ScorerSettings.model_validate({
+        **values, "abuse_group_id": f"test-revoke-{uuid.uuid4().hex[:8]}",
+        "abuse_model_target": "127.0.0.1:1", "abuse_model_timeout_s": 0.5,  # nothing listens
+        "abuse_batch": 20,
+    })  # fmt: skip
+    built = build(s)
+    scorer = built.scorer
+    try:
+        scorer.consumer.subscribe(
+            [s.source_topic], on_assign=scorer._on_assign, on_revoke=scorer._on_revoke
+        )
+        deadline = time.monotonic() + 60
+        while scorer.held is None:  # a new group reads the topic from its start: likes to score
+            assert time.monotonic() < deadline, "the scorer never held a batch for the model"
+            scorer.step()
+        assert scorer.ready()["model"] is False
+        scorer.consumer.unsubscribe()  # the rebalance a new member or a lost session brings
+        for _ in range(20):
+            scorer.step()
+            if not scorer.assigned:
+                break
+        assert scorer.assigned == [] and scorer.held is None
+        assert scorer.ready()["model"] is True
+    finally:
+        scorer.consumer.close()
+        built.close()

@@ -783,6 +783,49 @@ def test_a_post_the_store_refuses_at_flush_is_quarantined_and_the_window_flushes
     assert all(b"InvalidRequest" in h["dlq.error"] for h in got)
 
 
+def test_a_write_that_landed_although_its_flush_failed_is_not_written_over(
+    settings: AggregatorSettings, session: Session, rc: RedisCluster
+) -> None:
+    """A window's cells are written and acknowledged, then its flush fails (Cassandra killed
+    before the count-cache step): the store is ahead of the aggregator's cached state. The retry
+    reads the post again (its void cell was never cached), skips the window's events as
+    replays, and the next window must build on the store's state, not on the stale cache: it
+    did, and the edge-store-quorum-loss game day lost three likes of one post."""
+    from services.aggregator.core import Window
+
+    post = f"post-{uuid.uuid4()}"
+    likes = CellKey(post, cell_region("eu", events.COMMITTED, 0), 0)
+    voids = CellKey(post, cell_region("eu", events.VOIDED, 0), 0)
+    base = 10**12  # far above what the partition holds: the windows are built by hand
+    agg, cluster = build(settings)
+    try:
+
+        def window(n: int, *entries: tuple[CellKey, int, int]) -> Window:
+            w = Window(window_id=n)
+            for cell, offset, delta in entries:
+                topic = events.VOIDED if cell is voids else events.COMMITTED
+                w.add((topic, 0), offset, cell, delta, "like")
+            return w
+
+        agg._flush(window(1, (likes, base, 1), (likes, base + 1, 1)))  # 2, cached
+        # window 2's cells as its first attempt wrote them before the flush failed
+        agg.store.write_cells({post: [
+            (likes, CellState(2, base + 1, {"like": 2}), CellState(4, base + 3, {"like": 4})),
+            (voids, CellState.empty(), CellState(-1, 7, {"like": -1})),
+        ]})  # fmt: skip
+        skipped = counter("likes_aggregator_events_replay_skipped_total")
+        agg._flush(window(2, (likes, base + 2, 1), (likes, base + 3, 1), (voids, 7, -1)))  # retry
+        assert counter("likes_aggregator_events_replay_skipped_total") - skipped == 3
+        agg._flush(window(3, (likes, base + 4, 1)))
+    finally:
+        agg.consumer.close()
+        cluster.shutdown()
+    got = cells(session, post)
+    assert got[(likes.region, 0)][:2] == (5, base + 4), got  # 4 likes, then one more
+    assert got[(voids.region, 0)][:2] == (-1, 7), got
+    assert agg_count(rc, post) == 4
+
+
 def test_cdn_purge_is_recorded_for_each_changed_post(
     settings: AggregatorSettings, producer: Producer, serialize: Any, rc: RedisCluster
 ) -> None:
