@@ -53,6 +53,13 @@ class RedisArgs:
     storage_class: str = "gp3"
 
 
+# A shard that lost its primary and replica stops only its own slots: the rest of the cluster
+# keeps answering (Redis's default would refuse every key). The local stack runs these lines too.
+CLUSTER_AVAILABILITY = ("cluster-require-full-coverage no",)
+# Every ack'd idempotency key survives a restart; at most ~1 s lost on a node crash.
+AOF = ("appendonly yes", "appendfsync everysec")
+
+
 def redis_conf(*, cluster: bool, memory_gi: int, policy: str, aof: bool) -> str:
     """redis.conf for one role. maxmemory leaves 20% headroom for fork/COW and buffers."""
     lines = [
@@ -73,11 +80,10 @@ def redis_conf(*, cluster: bool, memory_gi: int, policy: str, aof: bool) -> str:
             "cluster-node-timeout 5000",
             # Announce stable DNS names: pod IPs change on every restart.
             "cluster-preferred-endpoint-type hostname",
-            "cluster-require-full-coverage no",
+            *CLUSTER_AVAILABILITY,
         ]
     if aof:
-        # Every ack'd idempotency key survives a restart; at most ~1 s lost on a node crash.
-        lines += ["appendonly yes", "appendfsync everysec", 'save ""', "aof-use-rdb-preamble yes"]
+        lines += [*AOF, 'save ""', "aof-use-rdb-preamble yes"]
     else:
         lines += ["appendonly no", 'save ""']
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from infra import exporters
+from infra import redis as redis_infra
 from local.components.base import Component, ProbeFailed, Server, http_probe, wait_until
 from local.layout import HOST, Layout
 from services.contracts import keys
@@ -102,6 +103,7 @@ class _Cluster(Component):
                         "cluster-enabled yes",
                         "cluster-config-file nodes.conf",
                         f"cluster-node-timeout {CLUSTER_NODE_TIMEOUT_MS}",
+                        *redis_infra.CLUSTER_AVAILABILITY,
                         *self.conf_lines(port),
                         *auth_lines(self.layout),
                         "",
@@ -216,8 +218,7 @@ class IdemStore(_Cluster):
     def conf_lines(self, port: int) -> list[str]:
         return [
             # idempotency keys must survive a restart: a lost key means a double count
-            "appendonly yes",
-            "appendfsync everysec",
+            *redis_infra.AOF,
             f"maxmemory-policy {keys.EVICTION_POLICY['idem-store']}",
         ]
 

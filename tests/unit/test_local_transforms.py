@@ -184,3 +184,26 @@ def test_the_cli_does_not_import_the_program_until_a_command_needs_it() -> None:
     code = f"import sys, cli.main; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_local_redis_clusters_keep_the_programs_availability_and_durability(
+    staging: rendered.Rendered, lay: layout.Layout
+) -> None:
+    """One lost shard stops only its own slots (cluster-require-full-coverage no) and the
+    idem-store keeps its AOF, in the program's ConfigMaps and in the local nodes' conf files
+    alike (locally every key stopped once a shard was gone: the game days could not tell one
+    shard's loss from the whole store's)."""
+    from local.components.redis import CountCache, IdemStore
+
+    for component, aof in ((IdemStore(lay), True), (CountCache(lay), False)):
+        program = set(rendered_conf(staging, f"{component.name}-conf"))
+        component.prepare()
+        for port in component.ports():
+            local = set((lay.conf / f"{component.name}-{port}.conf").read_text().splitlines())
+            assert "cluster-require-full-coverage no" in program & local
+            if aof:
+                assert {"appendonly yes", "appendfsync everysec"} <= program & local
+
+
+def rendered_conf(r: rendered.Rendered, config_map: str) -> list[str]:
+    return r.config_map(config_map)["redis.conf"].splitlines()
