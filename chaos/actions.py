@@ -104,6 +104,56 @@ def stop(servers: list[str]) -> list[str]:
     return [n for n in _names(sup, servers) if sup.stop(n)]
 
 
+def shard_of(component: str, key: str) -> tuple[str, str | None]:
+    """The servers (primary, its replica or None) of the local Redis Cluster `component` that
+    own `key`'s slot now, read from CLUSTER NODES (a failover moves them)."""
+    from local.components import redis as local_redis
+
+    sup = stack_supervisor()
+    by_address = {s.address: n for n, (c, s) in sup.all_servers().items() if c.name == component}
+    if not by_address:
+        raise ValueError(f"{component!r} is not a Redis Cluster of the local stack")
+    lay = sup.layout
+    last: Exception | None = None
+    for address in sorted(by_address):
+        try:
+            with local_redis.client(lay, int(address.rsplit(":", 1)[1]), socket_timeout=2) as r:
+                slot = int(r.execute_command("CLUSTER KEYSLOT", key))
+                nodes = r.execute_command("CLUSTER NODES")
+        except Exception as e:  # this node is down: ask the next
+            last = e
+            continue
+        # redis-py parses the reply: {"ip:port": {"node_id", "flags", "master_id", "slots"}}
+        table: dict[str, dict[str, Any]] = dict(nodes)
+        live = {a: n for a, n in table.items() if "fail" not in n["flags"]}
+        primary = next(
+            (a for a, n in live.items()
+             if "master" in n["flags"]
+             and any(int(r[0]) <= slot <= int(r[-1]) for r in n["slots"])),
+            None,
+        )  # fmt: skip
+        if primary is None:
+            raise RuntimeError(f"no live primary of {component} owns slot {slot}")
+        replica = next(
+            (a for a, n in live.items() if n["master_id"] == live[primary]["node_id"]), None
+        )
+        return by_address[primary], None if replica is None else by_address[replica]
+    raise RuntimeError(f"no node of {component} answers: {last}")
+
+
+def kill_shard(component: str, with_replica: bool = True) -> list[str]:
+    """SIGKILL the primary of `component` (a local Redis Cluster) that owns the count of the
+    traffic's first post, and with `with_replica` its replica too (the whole shard: its slots
+    have nobody left to serve them). Returns the servers killed."""
+    t = traffic.current()
+    post = t.post_ids[0] if t is not None else "chaos-probe"
+    from services.contracts import keys
+
+    primary, replica = shard_of(component, keys.count_key(post))
+    victims = [primary, *([replica] if with_replica and replica else [])]
+    return kill(victims)
+
+
 def pause(servers: list[str]) -> list[str]:
     """SIGSTOP: the process hangs with its sockets open (a GC pause, a stuck disk)."""
     traffic.mark(f"pause {' '.join(servers)}")

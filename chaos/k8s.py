@@ -14,9 +14,12 @@ render the local stack runs), so the label selector is the one the program puts 
 - the abuse model: a sidecar of the abuse scorer's pods, so its pods (scorer and model both go).
 
 One local node (`kafka-2`, `idem-store-3`) is one pod, chosen at random; a whole component
-(`idem-store`) is every pod of it. `kill` is a deletion with no grace period (SIGKILL), `stop`
-with the pod's own (SIGTERM). The local `restart` and `up` have no counterpart: the pods'
-controllers recreate them at once, which is the production behaviour the experiment observes.
+(`idem-store`) is every pod of it; a shard's primary (`kill_shard` without its replica) is one
+pod of the component at random, primary or replica (which one is primary, only the running
+cluster knows); a whole shard has no variant. `kill` is a deletion with no grace period
+(SIGKILL), `stop` with the pod's own (SIGTERM). The local `restart` and `up` have no
+counterpart: the pods' controllers recreate them at once, which is the production behaviour the
+experiment observes.
 A hang (`pause`, SIGSTOP) has no pod-level equivalent without an exec into the container, so
 those modes have no production variant (NoVariant says why).
 
@@ -28,7 +31,7 @@ production SLO alerts, not by this probe.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chaos import catalog
@@ -116,6 +119,19 @@ def target(server: str, stack: str = DEFAULT_STACK) -> Target:
     raise NoVariant(f"{server}: stack {stack} deploys no pods for it (a local-only server)")
 
 
+def _terminate(name: str, t: Target, grace_period: int) -> dict[str, Any]:
+    return {
+        "type": "action",
+        "name": name,
+        "provider": {
+            "type": "python",
+            "module": PROVIDER_MODULE_POD_ACTIONS,
+            "func": "terminate_pods",
+            "arguments": t.args(grace_period),
+        },
+    }
+
+
 def experiment(mode_id: str, stack: str = DEFAULT_STACK) -> dict[str, Any]:
     """The production variant of the mode's local experiment (raises NoVariant)."""
     local = catalog.experiment(mode_id)
@@ -125,6 +141,20 @@ def experiment(mode_id: str, stack: str = DEFAULT_STACK) -> dict[str, Any]:
         func = activity["provider"]["func"]
         if func in _NO_COUNTERPART:
             continue
+        if func == "kill_shard":
+            if activity["provider"]["arguments"].get("with_replica", True):
+                raise NoVariant(
+                    f"{mode_id}: which pods form one shard (a primary and its replica) only the "
+                    "running cluster knows; a pod deletion cannot aim at both"
+                )
+            component = activity["provider"]["arguments"]["component"]
+            t = targets[component] = replace(target(component, stack), everyone=False)
+            method.append(_terminate(f"kill-one-{component}-pod", t, 0))
+            if "pauses" in activity:
+                method[-1]["pauses"] = {
+                    "after": activity["pauses"].get("after", 0) + RECOVERY_WAIT_S
+                }
+            continue
         if func not in _FAULTS:
             raise NoVariant(
                 f"{mode_id}: its fault `{func}` has no pod-level counterpart (a SIGSTOP hang "
@@ -132,17 +162,8 @@ def experiment(mode_id: str, stack: str = DEFAULT_STACK) -> dict[str, Any]:
             )
         for server in activity["provider"]["arguments"]["servers"]:
             t = targets[server] = target(server, stack)
-            fault: dict[str, Any] = {
-                "type": "action",
-                "name": f"{'kill' if _FAULTS[func] == 0 else 'stop'}-{server}-pods",
-                "provider": {
-                    "type": "python",
-                    "module": PROVIDER_MODULE_POD_ACTIONS,
-                    "func": "terminate_pods",
-                    "arguments": t.args(_FAULTS[func]),
-                },
-            }
-            method.append(fault)
+            name = f"{'kill' if _FAULTS[func] == 0 else 'stop'}-{server}-pods"
+            method.append(_terminate(name, t, _FAULTS[func]))
         if "pauses" in activity:
             method[-1]["pauses"] = {"after": activity["pauses"].get("after", 0) + RECOVERY_WAIT_S}
     if not method:

@@ -15,7 +15,7 @@ from chaos import catalog
 from cli.main import app
 
 EXPERIMENTS = sorted(p.stem for p in catalog.EXPERIMENTS.glob("*.json"))
-FAULTS = {"kill", "stop", "pause"}
+FAULTS = {"kill", "stop", "pause", "kill_shard"}
 runner = CliRunner()
 
 
@@ -44,7 +44,8 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
     faults = [a for a in exp["method"] if a["provider"]["func"] in FAULTS]
     assert faults, "no fault in the method"
     for a in faults:  # aimed where the catalog says
-        servers = a["provider"]["arguments"]["servers"]
+        args = a["provider"]["arguments"]
+        servers = args["servers"] if "servers" in args else [args["component"]]
         assert set(servers) <= set(mode.targets), (servers, mode.targets)
     assert method[-1] in ("restart", "resume", "up"), "the method ends by recovering"
     probes = exp["steady-state-hypothesis"]["probes"]

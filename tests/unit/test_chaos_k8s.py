@@ -48,9 +48,16 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
     runnable = {m.id for m in catalog.modes() if m.enactable and m.has_experiment}
     assert set(variants) == runnable
     none = {i: v for i, v in variants.items() if isinstance(v, str)}
-    # a hang (SIGSTOP) is the one fault a pod deletion cannot stand for
-    assert set(none) == {"kafka-consumer-lag-spike"}, none
+    # a hang (SIGSTOP) and a whole shard are what a pod deletion cannot stand for
+    assert set(none) == {
+        "kafka-consumer-lag-spike",
+        "sdk-optimistic-state-stuck",
+        "write-kafka-publish-timeout",
+        "read-count-cache-shard-unavailable",
+        "idem-store-shard-unavailable",
+    }, none
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
+    assert "one shard" in none["idem-store-shard-unavailable"]
 
 
 def test_the_variants_are_valid_experiments_with_the_kubernetes_extension(
