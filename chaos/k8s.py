@@ -150,20 +150,16 @@ def experiment(mode_id: str, stack: str = DEFAULT_STACK) -> dict[str, Any]:
             component = activity["provider"]["arguments"]["component"]
             t = targets[component] = replace(target(component, stack), everyone=False)
             method.append(_terminate(f"kill-one-{component}-pod", t, 0))
-            if "pauses" in activity:
-                method[-1]["pauses"] = {
-                    "after": activity["pauses"].get("after", 0) + RECOVERY_WAIT_S
-                }
-            continue
-        if func not in _FAULTS:
+        elif func in _FAULTS:
+            for server in activity["provider"]["arguments"]["servers"]:
+                t = targets[server] = target(server, stack)
+                name = f"{'kill' if _FAULTS[func] == 0 else 'stop'}-{server}-pods"
+                method.append(_terminate(name, t, _FAULTS[func]))
+        else:
             raise NoVariant(
                 f"{mode_id}: its fault `{func}` has no pod-level counterpart (a SIGSTOP hang "
                 "would need an exec into the container)"
             )
-        for server in activity["provider"]["arguments"]["servers"]:
-            t = targets[server] = target(server, stack)
-            name = f"{'kill' if _FAULTS[func] == 0 else 'stop'}-{server}-pods"
-            method.append(_terminate(name, t, _FAULTS[func]))
         if "pauses" in activity:
             method[-1]["pauses"] = {"after": activity["pauses"].get("after", 0) + RECOVERY_WAIT_S}
     if not method:

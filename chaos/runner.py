@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import actions, catalog, probes, traffic
+from chaos.k8s import DEFAULT_STACK
 
 SETTINGS = {"runtime": {"rollbacks": {"strategy": "always"}}}
 READY_WAIT_S = 120.0  # for every server to answer before an experiment starts
@@ -91,7 +92,7 @@ def judge(mode_id: str, journal: dict[str, Any], duration: float, checks: dict[s
 def run_k8s(
     mode_id: str,
     journal_dir: Path | None = None,
-    stack: str = "prod-us",
+    stack: str = DEFAULT_STACK,
     secrets: dict[str, str] | None = None,
     experiment: dict[str, Any] | None = None,
 ) -> Result:

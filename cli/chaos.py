@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from chaos.k8s import DEFAULT_STACK
+
 if TYPE_CHECKING:
     from chaos import runner as runner_types
 
@@ -56,7 +58,7 @@ def run(
     ] = "local",
     stack: Annotated[
         str, typer.Option(help="With --target k8s: the Pulumi stack whose render names the pods.")
-    ] = "prod-us",
+    ] = DEFAULT_STACK,
     print_only: Annotated[
         bool,
         typer.Option("--print", help="Print the experiment (Chaos Toolkit JSON) and run nothing."),
