@@ -16,7 +16,13 @@ from typing import Any as JsonAny
 from urllib.parse import urlsplit
 
 import betterproto2
-from envoy_data_plane.envoy.config.accesslog.v3 import AccessLog
+from envoy_data_plane.envoy.config.accesslog.v3 import (
+    AccessLog,
+    AccessLogFilter,
+    ComparisonFilter,
+    ComparisonFilterOp,
+    StatusCodeFilter,
+)
 from envoy_data_plane.envoy.config.bootstrap.v3 import (
     Admin,
     Bootstrap,
@@ -39,10 +45,14 @@ from envoy_data_plane.envoy.config.core.v3 import (
     DataSource,
     GrpcService,
     GrpcServiceEnvoyGrpc,
+    HeaderValue,
+    HeaderValueOption,
+    HeaderValueOptionHeaderAppendAction,
     Http2ProtocolOptions,
     HttpUri,
     Node,
     RuntimeFractionalPercent,
+    RuntimeUInt32,
     SocketAddress,
     SubstitutionFormatString,
     TransportSocket,
@@ -99,6 +109,8 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
     HttpConnectionManagerPathWithEscapedSlashesAction,
     HttpConnectionManagerTracing,
     HttpFilter,
+    LocalReplyConfig,
+    ResponseMapper,
 )
 from envoy_data_plane.envoy.extensions.http.early_header_mutation.header_mutation.v3 import (
     HeaderMutation as EarlyHeaderMutation,
@@ -214,6 +226,14 @@ INVALID_SUBJECT_BODY = {
         "message": f"the token's subject must match {keys.USER_ID_PATTERN}",
     }
 }
+# Envoy's own 5xx (no healthy upstream, a refused connection, an upstream timeout or overflow)
+# answered as the services answer theirs (invariant 5: fail closed, never a bare 5xx): 503 with
+# Retry-After and the services' error shape. A write the gateway gave up on may have been
+# accepted: the client retries with the same Idempotency-Key, which makes the retry safe either
+# way, and the body says so. What Envoy saw is kept in `details` (%RESPONSE_CODE_DETAILS%) and
+# `flags`, and the access log keeps the status Envoy first chose.
+GATEWAY_UNAVAILABLE_CODE = "gateway_upstream_unavailable"
+GATEWAY_RETRY_AFTER_S = 1
 # The largest regex program Envoy compiles (its runtime's default is 100 instructions)
 RE2_MAX_PROGRAM_SIZE = 2048
 # The limiter's failure mode: a choice, documented in infra/README.md, that tests pin
@@ -616,6 +636,46 @@ def _access_log() -> AccessLog:
     )
 
 
+def _local_reply_config() -> LocalReplyConfig:
+    """Envoy's own 5xx as a clean 503 (GATEWAY_UNAVAILABLE_CODE above). Only local replies pass
+    through these mappers: a service's own answer, 5xx or not, reaches the client untouched, and
+    so do Envoy's 4xx (401 from jwt_authn, 429 from the limiter: their bodies are their own)."""
+    error = {
+        "code": Value(string_value=GATEWAY_UNAVAILABLE_CODE),
+        "message": Value(
+            string_value="the gateway got no answer from the service: "
+            "retry after Retry-After (a write with the same Idempotency-Key)"
+        ),
+        "details": Value(string_value="%RESPONSE_CODE_DETAILS%"),
+        "flags": Value(string_value="%RESPONSE_FLAGS%"),
+    }
+    body = Struct(fields={"error": Value(struct_value=Struct(fields=error))})
+    return LocalReplyConfig(
+        mappers=[
+            ResponseMapper(
+                filter=AccessLogFilter(
+                    status_code_filter=StatusCodeFilter(
+                        comparison=ComparisonFilter(
+                            op=ComparisonFilterOp.GE,
+                            value=RuntimeUInt32(default_value=500, runtime_key="local_reply_5xx"),
+                        )
+                    )
+                ),
+                status_code=503,
+                headers_to_add=[
+                    HeaderValueOption(
+                        header=HeaderValue(key="Retry-After", value=str(GATEWAY_RETRY_AFTER_S)),
+                        append_action=HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+                    )
+                ],
+                body_format_override=SubstitutionFormatString(
+                    json_format=body, content_type="application/json"
+                ),
+            )
+        ]
+    )
+
+
 def _http_connection_manager(params: EnvoyParams) -> HttpConnectionManager:
     hcm = HttpConnectionManager(
         stat_prefix="ingress_https",
@@ -648,6 +708,7 @@ def _http_connection_manager(params: EnvoyParams) -> HttpConnectionManager:
         request_headers_timeout=_seconds(10),
         stream_idle_timeout=_seconds(30),
         access_log=[_access_log()],
+        local_reply_config=_local_reply_config(),
     )
     if params.otlp_upstream is not None:
         # every write is traced here and READ_TRACE_PERCENT of reads (the routes' tracing);

@@ -8,9 +8,11 @@ read and the hot-key sampler, so these tests need none of the stores. Only these
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
+import socket
 import threading
 import time
 import uuid
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jwt
@@ -35,6 +38,10 @@ OFFSET = int(os.environ.get("LIKES_GATEWAY_TEST_PORT_OFFSET", "7000"))
 AUDIENCE = "likes"  # services' jwt_audience; Envoy checks none until the program passes one
 
 
+ANSWER_HEADER = "x-test-answer"
+SERVICE_ERROR = b'{"error": {"code": "idem_store_unavailable", "message": "the service\'s own"}}'
+
+
 class Upstream:
     """A loopback HTTP server that answers 202 and records what reaches it."""
 
@@ -48,8 +55,10 @@ class Upstream:
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 seen.append((self.command, self.path, headers))
-                body = b'{"state": "accepted"}'
-                self.send_response(202)
+                # a test asks for the service's own failure with this header
+                status = int(headers.get(ANSWER_HEADER, "202"))
+                body = b'{"state": "accepted"}' if status == 202 else SERVICE_ERROR
+                self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
@@ -60,13 +69,29 @@ class Upstream:
             def log_message(self, *_: object) -> None:
                 pass
 
+        open_sockets: set[socket.socket] = set()
+
+        class Server(http.server.ThreadingHTTPServer):
+            def process_request(self, request: Any, client_address: Any) -> None:
+                open_sockets.add(request)
+                super().process_request(request, client_address)
+
+            def shutdown_request(self, request: Any) -> None:
+                open_sockets.discard(request)
+                super().shutdown_request(request)
+
         self.seen = seen
-        self.server = http.server.ThreadingHTTPServer((layout.HOST, port), Handler)
+        self._open = open_sockets
+        self.server = Server((layout.HOST, port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        """Stop listening and drop the connections Envoy keeps alive: the service is gone."""
         self.server.shutdown()
         self.server.server_close()
+        for sock in list(self._open):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass
@@ -333,6 +358,43 @@ def test_reads_are_mirrored_to_the_sampler(edge: Edge, client: httpx.Client) -> 
         httpx.post(f"{admin}/runtime_modify?{key}", timeout=5)
 
 
+# --- Envoy's own failures answer as the services do ----------------------------------------------
+
+
+def test_an_upstream_gone_is_a_clean_503_with_retry_after(edge: Edge, client: httpx.Client) -> None:
+    """Invariant 5 at the edge: with the write (or read) service unreachable, Envoy's own answer
+    is a 503 with Retry-After and the services' error shape, never a bare 5xx a client cannot
+    back off from. A service's own 503 passes through as the service wrote it."""
+    token, ip = edge.token(f"user-{uuid.uuid4().hex[:8]}"), _ip()
+    headers = {"authorization": f"Bearer {token}", "cf-connecting-ip": ip, ANSWER_HEADER: "503"}
+    own = client.post(
+        routes.WRITE_PATH,
+        json={"post_id": "p1", "action": "like"},
+        headers={**headers, "idempotency-key": str(uuid.uuid4())},
+    )
+    assert own.status_code == 503 and own.content == SERVICE_ERROR, (own.status_code, own.text)
+    assert "retry-after" not in own.headers  # not Envoy's mapper: the service's own answer
+    p = edge.layout.ports
+    edge.write.close()
+    edge.read.close()
+    try:
+        answers = [
+            edge.like(client, token, ip),
+            client.get(routes.read_path("p1"), headers={"cf-connecting-ip": ip}),
+        ]
+    finally:
+        edge.write, edge.read = Upstream(p.write), Upstream(p.read)
+    for r in answers:
+        assert r.status_code == 503, (r.request.url, r.status_code, r.text)
+        assert r.headers.get("retry-after") == str(envoy_config.GATEWAY_RETRY_AFTER_S), r.headers
+        assert r.headers.get("content-type") == "application/json", r.headers
+        error = r.json()["error"]
+        assert error["code"] == envoy_config.GATEWAY_UNAVAILABLE_CODE, error
+        assert error["flags"] and error["details"], error  # what Envoy saw is kept
+    # back: the services answer again through the same routes
+    assert edge.like(client, token, ip).status_code == 202
+
+
 # --- the ConfigMap volume pitfall ---------------------------------------------------------------
 
 
@@ -340,7 +402,6 @@ def test_without_ignoring_dot_files_the_service_refuses_its_configmap(edge: Edge
     """Why the program sets RUNTIME_IGNOREDOTFILES: the same service, env and ConfigMap-shaped
     folder without it loads config.yaml twice and keeps no limits (a pod would rate-limit
     nothing). Ports of its own; the stack's ratelimit-redis."""
-    import socket
     import subprocess
 
     def free_port() -> int:
