@@ -127,6 +127,14 @@ class OutboxRelay:
         self.dead_letter_after_s = dead_letter_after_s
         self.clock = clock
         self._failures: dict[uuid.UUID, _Failures] = {}
+        # The oldest pending row this relay knows of: lowered the moment a pass meets an older
+        # one, replaced by the pass's whole view when it ends. OLDEST reads it when scraped, so
+        # the age keeps growing while a pass waits on a hung Kafka. (Set only at a pass's end,
+        # the gauge froze exactly then: a pass waits up to publish_wait_s per partition with
+        # rows, and OutboxEventsStale never fired with every broker hung for 40 s.) One relay
+        # per process: the last one made is the one the gauge reads.
+        self._oldest_pending: float | None = None
+        OLDEST.set_function(self._oldest_age)
         p = session.prepare
         self.q_markers = p(
             "SELECT created_at, event_id, user_id FROM outbox_pending "
@@ -147,6 +155,10 @@ class OutboxRelay:
             "AND event_id = ?"
         )
         self.low_water: dict[int, int] = {}  # shard -> oldest bucket that may still hold markers
+
+    def _oldest_age(self) -> float:
+        oldest = self._oldest_pending
+        return 0.0 if oldest is None else max(0.0, self.clock() - oldest)
 
     def _find_low_water(self, shards: Iterable[int], now_bucket: int) -> None:
         """For shards taken on (at start, or from another replica): the oldest bucket in use.
@@ -188,7 +200,7 @@ class OutboxRelay:
                 ):
                     self.low_water[shard] = bucket + 1  # drained, and no writer can reach it
         BACKLOG.set(res.pending - res.published)
-        OLDEST.set(0 if oldest is None else max(0.0, now - oldest))
+        self._oldest_pending = oldest
         lw = min(self.low_water.values(), default=now_bucket)
         LOW_WATER_AGE.set(max(0.0, now - lw * BUCKET_S))
         return res
@@ -196,7 +208,8 @@ class OutboxRelay:
     def _drain(
         self, bucket: int, shard: int, now: float, res: PassResult
     ) -> tuple[bool, float | None]:
-        """Publish one (bucket, shard) partition's rows; (whether it was empty, oldest pending)."""
+        """Publish one (bucket, shard) partition's rows; (whether it was empty, the oldest row
+        still pending after it: too young to take, or its publish failed)."""
         markers = list(self.session.execute(self.q_markers, (bucket, shard, self.batch)))
         oldest: float | None = None
         inflight: list[tuple[Future[None], Any, Any]] = []
@@ -232,8 +245,10 @@ class OutboxRelay:
                     res.dropped_markers += 1
                 continue
             res.pending += 1
-            oldest = created if oldest is None else min(oldest, created)
+            if self._oldest_pending is None or created < self._oldest_pending:
+                self._oldest_pending = created  # known now: its publish may hang
             if now - created < self.min_age_s:
+                oldest = created if oldest is None else min(oldest, created)
                 continue
             if row.topic is None or row.payload is None or row.kafka_key is None:
                 fut: Future[None] = Future()
@@ -251,6 +266,8 @@ class OutboxRelay:
                 if self._failed(m, row, bucket, shard, now - created, e):
                     res.dead_lettered += 1
                     res.pending -= 1
+                else:
+                    oldest = created if oldest is None else min(oldest, created)
                 continue
             self._failures.pop(m.event_id, None)
             PUBLISHED.inc()

@@ -7,6 +7,9 @@ dead replica's."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -338,6 +341,70 @@ def test_a_marker_whose_user_the_edge_store_refuses_as_a_key_is_dropped(
     assert markers_of(cql, *at, poison) == 0
     assert markers_of(cql, *row_at, uuid.UUID(event_id)) == 0
     assert res.dropped_markers >= 1 and res.published >= 1
+    assert [e.event_id for e in events_for(stack, {intent}, want=1)] == [event_id]
+
+
+@contextmanager
+def hung_broker() -> Iterator[str]:
+    """A Kafka bootstrap address that takes connections and never answers: a SIGSTOPped broker,
+    as a client sees one."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join()
+        for c in [*held, listener]:
+            c.close()
+
+
+def test_the_oldest_rows_age_keeps_growing_while_a_pass_waits_on_a_hung_kafka(
+    stack: Stack, cql: Session
+) -> None:
+    """The game day write-kafka-publish-timeout hung every broker for 40 s and OutboxEventsStale
+    never fired: the relay set the oldest row's age when a pass ended, and a pass waits up to
+    publish_wait_s per partition with rows, so the gauge froze exactly while Kafka hung. It is
+    now read when scraped, from the oldest pending row the relay has met."""
+
+    def oldest() -> float:  # as a scrape reads it
+        (metric,) = relay_core.OLDEST.collect()
+        return float(metric.samples[0].value)
+
+    with own_relays(stack) as (session, publisher), hung_broker() as address:
+        OutboxRelay(session, publisher).run_once()  # what is pending now goes out
+        settings = stack.settings()
+        stuck = Publisher(clients.producer(settings, **{"bootstrap.servers": address,
+                                                        "message.timeout.ms": 8000}))  # fmt: skip
+        age = 20.0
+        intent, event_id, _ = unpublished_row(
+            stack, cql, datetime.now(UTC) - timedelta(seconds=age)
+        )
+        hung = OutboxRelay(session, stuck, publish_wait_s=8.0)
+        passing = threading.Thread(target=hung.run_once)
+        passing.start()
+        try:
+            wait_for(lambda: oldest() >= age, 3, "the row's age while the pass waits on Kafka")
+            seen = oldest()
+            time.sleep(1.5)
+            assert passing.is_alive(), "the pass did not wait on the hung broker"
+            assert oldest() >= seen + 1.0  # it grows while the pass waits
+        finally:
+            passing.join()
+            stuck.close()
+        # Kafka back (the stack's): the next pass publishes the row and the age drops
+        OutboxRelay(session, publisher).run_once()
+        assert oldest() < age
     assert [e.event_id for e in events_for(stack, {intent}, want=1)] == [event_id]
 
 
