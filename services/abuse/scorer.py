@@ -33,6 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -133,6 +134,9 @@ class Scorer:
         self.stop = threading.Event()
         self.loop = LoopHealth((MODEL, EDGE_STORE), clock=clock)
         self.assigned: list[KTP] = []
+        # the driver and the producer are thread-safe; each void is conditional on its own like
+        # (services/abuse/voids.py), so a batch's voids may run in any order and at once
+        self._voiding = ThreadPoolExecutor(settings.abuse_void_concurrency, "abuse-void")
 
     def run(self, stop: threading.Event | None = None) -> None:
         if stop is not None:
@@ -145,6 +149,7 @@ class Scorer:
                 self.step()
         finally:
             self.consumer.close()
+            self._voiding.shutdown(wait=True)
 
     def _on_assign(self, _c: Consumer, parts: list[KTP]) -> None:
         self.assigned = list(parts)
@@ -228,26 +233,43 @@ class Scorer:
 
     def _score_and_void(self, held: Held) -> None:
         verdicts = self.model.verdicts([row for _, row in held.likes])
-        # the held batch keeps what it voided: a retry after a failure voids again, idempotently
+        flagged: list[tuple[events.LikeEvent, Sequence[float], float]] = []
         for (e, row), p in zip(held.likes, verdicts.probabilities, strict=True):
             metrics.SCORES.observe(p)
             if p >= verdicts.threshold:
-                result = self.voider.void(e, verdicts.version, p)
-                metrics.VOIDS.labels(result.reason).inc()
-                if result.applied:  # the answer to "why did my like vanish?", with its evidence
-                    evidence = dict(zip(features.FEATURE_NAMES, row, strict=True))
-                    log.info("like voided", extra={"fields": {
-                        "user_id": e.user_id, "post_id": e.post_id, "intent": e.intent_uuid,
-                        "score": round(p, 4), "model": verdicts.version,
-                        "features": evidence}})  # fmt: skip
-                if result.applied and self.storms is not None:
-                    try:
-                        if self.storms.voided(e.user_id, e.occurred_at / 1000):
-                            metrics.DEGRADED.inc()
-                            log.warning("account degraded: a storm of voided likes",
-                                        extra={"fields": {"user_id": e.user_id}})  # fmt: skip
-                    except REDIS_ERRORS as exc:  # the voids stand; the storm is seen again
-                        raise Unavailable("idem-store", str(exc)) from exc
+                flagged.append((e, row, p))
+        # the held batch keeps what it voided: a retry after a failure voids again, idempotently
+        # (an applied void answers "replayed"). Every void is waited for before a failure is
+        # raised, so the storm watch sees each one that applied.
+        running = [self._voiding.submit(self.voider.void, e, verdicts.version, p)
+                   for e, _, p in flagged]  # fmt: skip
+        failed: Unavailable | ModelUnavailable | None = None
+        for (e, row, p), fut in zip(flagged, running, strict=True):
+            try:
+                result = fut.result()
+            except (Unavailable, ModelUnavailable) as exc:
+                failed = failed or exc
+                continue
+            metrics.VOIDS.labels(result.reason).inc()
+            if not result.applied:
+                continue
+            # the answer to "why did my like vanish?", with its evidence
+            evidence = dict(zip(features.FEATURE_NAMES, row, strict=True))
+            log.info("like voided", extra={"fields": {
+                "user_id": e.user_id, "post_id": e.post_id, "intent": e.intent_uuid,
+                "score": round(p, 4), "model": verdicts.version,
+                "features": evidence}})  # fmt: skip
+            if self.storms is None:
+                continue
+            try:
+                if self.storms.voided(e.user_id, e.occurred_at / 1000):
+                    metrics.DEGRADED.inc()
+                    log.warning("account degraded: a storm of voided likes",
+                                extra={"fields": {"user_id": e.user_id}})  # fmt: skip
+            except REDIS_ERRORS as exc:  # the voids stand; the storm is seen again
+                failed = failed or Unavailable("idem-store", str(exc))
+        if failed is not None:
+            raise failed
         metrics.SCORED.inc(len(held.likes))
 
     def _commit(self, positions: dict[tuple[str, int], int]) -> None:

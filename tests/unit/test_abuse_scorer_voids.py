@@ -1,0 +1,90 @@
+"""How the scorer writes a batch's voids (services/abuse/scorer.Scorer._score_and_void): all at
+once, and a failure of one holds the batch only after every other void was waited for and the
+storm watch saw each one that applied. The voids themselves, on the real edge-store, are
+tests/integration/test_voids.py's and test_abuse.py's; here the writer only records its calls."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from services.abuse import features
+from services.abuse.model_server import Verdicts
+from services.abuse.scorer import Held, Scorer, StormWatch
+from services.abuse.settings import ScorerSettings
+from services.contracts import degrade, events
+from services.write.core import Unavailable
+
+THRESHOLD = 0.5
+
+
+@dataclass
+class Result:
+    applied: bool
+    reason: str
+
+
+class FixedModel:
+    """Scores each row by its first feature (the test puts the probability there)."""
+
+    def verdicts(self, rows: Sequence[Sequence[float]]) -> Verdicts:
+        return Verdicts([float(r[0]) for r in rows], "v-test", THRESHOLD)
+
+
+def like(user: str) -> events.LikeEvent:
+    return events.LikeEvent.new(
+        intent_uuid=str(uuid.uuid4()), user_id=user, post_id=f"p-{uuid.uuid4().hex[:6]}",
+        action="like", reaction="like", delta=1, region="local",
+    )  # fmt: skip
+
+
+def batch(scores: list[tuple[str, float]]) -> Held:
+    width = len(features.FEATURE_NAMES)
+    return Held([(like(u), [p] + [0.0] * (width - 1)) for u, p in scores], {("t", 0): 1})
+
+
+def scorer(voider: Any, storms: StormWatch | None = None) -> Scorer:
+    return Scorer(
+        ScorerSettings(abuse_void_concurrency=8), consumer=None, deserialize=lambda *_: None,  # type: ignore[arg-type]
+        features=None, model=FixedModel(), voider=voider, storms=storms,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_a_batchs_voids_are_written_at_once() -> None:
+    """Eight flagged likes: each void waits for the other seven to start (a barrier), so the
+    batch finishes only if they run together; one by one, the first would wait in vain."""
+    flagged = 8
+    barrier = threading.Barrier(flagged, timeout=20)
+    voided: list[str] = []
+
+    class Voider:
+        def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
+            barrier.wait()
+            voided.append(e.intent_uuid)
+            return Result(True, "voided")
+
+    held = batch([(f"bot-{i}", 0.9) for i in range(flagged)] + [("human", 0.1)] * 3)
+    scorer(Voider())._score_and_void(held)
+    assert sorted(voided) == sorted(e.intent_uuid for e, row in held.likes if row[0] > THRESHOLD)
+
+
+def test_one_failed_void_holds_the_batch_after_the_others_reach_the_storm_watch() -> None:
+    degraded: list[str] = []
+    storms = StormWatch(lambda u: degraded.append(u) is None)
+    n = degrade.STORM_VOIDS
+
+    class Voider:
+        def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
+            if e.user_id == "unlucky":
+                raise Unavailable("edge-store", "timed out")
+            return Result(True, "voided")
+
+    held = batch([("unlucky", 0.9)] + [("bot", 0.9)] * n)
+    with pytest.raises(Unavailable):
+        scorer(Voider(), storms)._score_and_void(held)
+    assert degraded == ["bot"]  # all n of the bot's voids were counted before the batch was held
