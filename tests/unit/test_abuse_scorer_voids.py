@@ -1,11 +1,13 @@
-"""How the scorer writes a batch's voids (services/abuse/scorer.Scorer._score_and_void): all at
-once, and a failure of one holds the batch only after every other void was waited for and the
-storm watch saw each one that applied. The voids themselves, on the real edge-store, are
-tests/integration/test_voids.py's and test_abuse.py's; here the writer only records its calls."""
+"""How the scorer writes a batch's voids (services/abuse/scorer.Scorer._score_and_void): users'
+at once, each user's in order, and a failure of one holds the batch only after every other void
+was waited for and the storm watch saw each one that applied. The voids themselves, on the real
+edge-store, are tests/integration/test_voids.py's and test_abuse.py's; here the writer only
+records its calls."""
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,6 +73,37 @@ def test_a_batchs_voids_are_written_at_once() -> None:
     held = batch([(f"bot-{i}", 0.9) for i in range(flagged)] + [("human", 0.1)] * 3)
     scorer(Voider())._score_and_void(held)
     assert sorted(voided) == sorted(e.intent_uuid for e, row in held.likes if row[0] > THRESHOLD)
+
+
+def test_one_users_voids_are_written_one_after_the_other_in_order() -> None:
+    """A void is a lightweight transaction on the user's partition: a bot's burst voided all at
+    once would contend in Paxos. Two bots, five likes each: the bots run at once (the barrier
+    of their first voids), each bot's voids in its likes' order and never two at a time."""
+    barrier = threading.Barrier(2, timeout=20)
+    lock = threading.Lock()
+    inflight: dict[str, int] = {}
+    most: dict[str, int] = {}
+    order: dict[str, list[str]] = {}
+
+    class Voider:
+        def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
+            with lock:
+                inflight[e.user_id] = inflight.get(e.user_id, 0) + 1
+                most[e.user_id] = max(most.get(e.user_id, 0), inflight[e.user_id])
+                first = e.user_id not in order
+                order.setdefault(e.user_id, []).append(e.intent_uuid)
+            if first:
+                barrier.wait()
+            time.sleep(0.01)  # room for a second void of the user to start, were it allowed
+            with lock:
+                inflight[e.user_id] -= 1
+            return Result(True, "voided")
+
+    held = batch([(f"bot-{i % 2}", 0.9) for i in range(10)])
+    scorer(Voider())._score_and_void(held)
+    assert most == {"bot-0": 1, "bot-1": 1}
+    for user in ("bot-0", "bot-1"):
+        assert order[user] == [e.intent_uuid for e, _ in held.likes if e.user_id == user]
 
 
 def test_one_failed_void_holds_the_batch_after_the_others_reach_the_storm_watch() -> None:
