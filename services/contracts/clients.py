@@ -238,9 +238,18 @@ def cassandra_tls(settings: Settings) -> ssl.SSLContext | None:
     return tls.cassandra_context(settings.tls_ca_file)
 
 
-def schema_registry(settings: Settings) -> SchemaRegistryClient:
-    """The registry, logged in with the settings' basic-auth user."""
-    return SchemaRegistryClient(registry.from_settings(settings))
+# The write path asks the registry only when its cached schema id is gone (a schema-cache-flush)
+# and a user waits for the answer: no retry, so a registry that is down answers the write 503 +
+# Retry-After at once (invariant 5) instead of after the client's default backoff (up to ~7 s;
+# game day registry-503-on-publish: the writes' clients timed out). The client retries the
+# write, with the same Idempotency-Key.
+FAIL_FAST_REGISTRY_RETRIES = 0
+
+
+def schema_registry(settings: Settings, *, retries: int | None = None) -> SchemaRegistryClient:
+    """The registry, logged in with the settings' basic-auth user; `retries` as
+    registry.client_config (None: the client's default, for the consumers, which can wait)."""
+    return SchemaRegistryClient(registry.from_settings(settings, retries=retries))
 
 
 def like_serializer(client: SchemaRegistryClient) -> AvroSerializer:

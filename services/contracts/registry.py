@@ -33,11 +33,19 @@ def credentials(settings: Settings) -> Credentials | None:
 
 
 def client_config(
-    url: str, creds: Credentials | None, timeout: float = 2, ca_file: str | None = None
+    url: str,
+    creds: Credentials | None,
+    timeout: float = 2,
+    ca_file: str | None = None,
+    retries: int | None = None,
 ) -> dict[str, Any]:
     """confluent-kafka's SchemaRegistryClient settings; an https URL is verified against
-    `ca_file` (the platform's CA) when it is set."""
+    `ca_file` (the platform's CA) when it is set. `retries`: how often a request that failed
+    (refused, reset, timed out, a 5xx) is tried again; the client's default is 3, with a
+    jittered backoff of up to 1, 2 and 4 s between them (seconds a user's request cannot wait)."""
     conf: dict[str, Any] = {"url": url, "timeout": timeout}
+    if retries is not None:
+        conf["max.retries"] = retries
     if creds is not None:
         conf["basic.auth.user.info"] = f"{creds.user}:{creds.password}"
     if ca_file is not None:
@@ -45,9 +53,11 @@ def client_config(
     return conf
 
 
-def from_settings(settings: Settings, timeout: float = 2) -> dict[str, Any]:
+def from_settings(
+    settings: Settings, timeout: float = 2, retries: int | None = None
+) -> dict[str, Any]:
     return client_config(
-        settings.schema_registry_url, credentials(settings), timeout, settings.tls_ca_file
+        settings.schema_registry_url, credentials(settings), timeout, settings.tls_ca_file, retries
     )
 
 

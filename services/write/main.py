@@ -21,7 +21,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cluster, session = clients.cassandra(settings, first_connect_s=clients.FIRST_CONNECT_S)
-        registry = clients.schema_registry(settings)
+        registry = clients.schema_registry(settings, retries=clients.FAIL_FAST_REGISTRY_RETRIES)
         serializer = clients.like_serializer(registry)
         publisher = core.Publisher(
             clients.producer(
