@@ -18,7 +18,7 @@ import os
 import signal
 from typing import Any
 
-from chaos import traffic
+from chaos import kafka_faults, traffic
 from local import components, layout, supervisor, transforms
 
 log = logging.getLogger("chaos.actions")
@@ -64,6 +64,7 @@ def start_traffic(
         token=lambda user: transforms.sign_token(lay, user),
         users=users, posts=posts, writers=writers, readers=readers, write_rate=write_rate,
     )  # fmt: skip
+    _poison.clear()  # an earlier experiment's, in a game day's one process
     traffic.begin(t)
     return {"run": t.run, "posts": t.post_ids}
 
@@ -202,3 +203,60 @@ def _up(sup: supervisor.Supervisor, comps: list[str]) -> list[str]:
     if unhealthy:
         raise RuntimeError(f"not answering after the restart: {unhealthy}")
     return started
+
+
+# --- data and control-plane faults ----------------------------------------------------------
+
+_poison: list[str] = []  # the keys of the poison this run produced (probes.poison_dead_lettered)
+
+
+def kafka_config() -> dict[str, Any]:
+    """A Kafka client's settings for the stack, logged in as its services are."""
+    from cli import stack_settings
+    from services.contracts import kafka
+
+    return kafka.from_settings(stack_settings.platform_settings())
+
+
+def poisoned() -> tuple[str, ...]:
+    """The keys of the poison produced since the traffic started."""
+    return tuple(_poison)
+
+
+def produce_poison(n: int = 3) -> list[str]:
+    """`n` undecodable messages on likes.committed (chaos/kafka_faults.py); their keys."""
+    traffic.mark(f"poison x{n}")
+    keys = kafka_faults.produce_poison(kafka_config(), n)
+    _poison.extend(keys)
+    return keys
+
+
+def refuse_records(topics: list[str]) -> list[str]:
+    """The brokers refuse every record written to `topics` until `accept_records`."""
+    traffic.mark(f"refuse {' '.join(topics)}")
+    kafka_faults.set_records_refused(kafka_config(), topics, True)
+    return topics
+
+
+def accept_records(topics: list[str]) -> list[str]:
+    """Undo `refuse_records` (idempotent: in the rollbacks as well)."""
+    kafka_faults.set_records_refused(kafka_config(), topics, False)
+    traffic.mark(f"accept {' '.join(topics)}")
+    return topics
+
+
+def set_flag(switch: str, on: bool = True) -> dict[str, Any]:
+    """`likes flags set SWITCH on|off`, audited as the CLI's, with the game day as the reason."""
+    from cli import flags as flags_cli
+    from services.contracts import flags
+
+    traffic.mark(f"flag {switch} {'on' if on else 'off'}")
+    return flags_cli.put(flags.Switch(switch), on, "game day").to_json()
+
+
+def unset_flag(switch: str) -> bool:
+    """`likes flags unset SWITCH` (the workloads treat it as off); idempotent."""
+    from cli import flags as flags_cli
+    from services.contracts import flags
+
+    return flags_cli.remove(flags.Switch(switch))

@@ -21,7 +21,9 @@ cluster knows); a whole shard has no variant. `kill` is a deletion with no grace
 counterpart: the pods' controllers recreate them at once, which is the production behaviour the
 experiment observes.
 A hang (`pause`, SIGSTOP) has no pod-level equivalent without an exec into the container, so
-those modes have no production variant (NoVariant says why).
+those modes have no production variant (NoVariant says why), nor do faults dealt to the data or
+the control plane (poison records, a topic refusing writes, a flag): they need the cluster's own
+Kafka and etcd clients, which this does not build.
 
 The hypothesis is the pods': every targeted pod Running before the fault and again after the
 fault's observation pause. Traffic is the users' own, and the invariants are watched by the
@@ -48,6 +50,8 @@ SIDECAR_OF = {"abuse-model": "abuse-scorer"}
 _NODE = re.compile(r"^(?P<component>[a-z][a-z0-9-]*?)-(?P<n>\d+)$")  # kafka-2, idem-store-3
 _FAULTS = {"kill": 0, "stop": -1}  # grace period: none (SIGKILL), or the pod's own (SIGTERM)
 _NO_COUNTERPART = {"start_traffic", "stop_traffic", "restart", "up"}
+# faults dealt to the data or the control plane (chaos/actions.py), not to a pod
+_DATA_FAULTS = {"produce_poison", "refuse_records", "accept_records", "set_flag", "unset_flag"}
 RECOVERY_WAIT_S = 60  # after the fault's own pause: for the controllers' new pods to run
 
 
@@ -141,6 +145,11 @@ def experiment(mode_id: str, stack: str = DEFAULT_STACK) -> dict[str, Any]:
         func = activity["provider"]["func"]
         if func in _NO_COUNTERPART:
             continue
+        if func in _DATA_FAULTS:
+            raise NoVariant(
+                f"{mode_id}: its fault `{func}` is dealt to Kafka's records or an etcd flag, not "
+                "to a pod: it needs the cluster's own Kafka and etcd clients (not built)"
+            )
         if func == "kill_shard":
             if activity["provider"]["arguments"].get("with_replica", True):
                 raise NoVariant(

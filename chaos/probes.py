@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
 import httpx
 from cassandra.concurrent import execute_concurrent_with_args
 
-from chaos import catalog, traffic
+from chaos import actions, catalog, traffic
 from cli import stack_settings
 from local import layout
-from services.contracts import clients, convergence, routes
+from services.contracts import clients, convergence, dlq, events, routes
+from services.contracts import kafka as kafka_contract
 
 last: dict[str, Any] = {}
 # how long past the convergence hold an expected alert may take to fire and resolve (locally the
@@ -75,6 +77,7 @@ def stack_ready() -> bool:
 def invariants_hold(
     timeout_s: float = 90.0,
     allow_write_timeouts: bool = False,
+    poison_dead_lettered: bool = False,
     configuration: dict[str, Any] | None = None,
 ) -> bool:
     """Stop the traffic and check the invariants (the module's docstring); with no traffic run
@@ -116,6 +119,12 @@ def invariants_hold(
         "reads_never_5xx": summary["read_5xx"] == 0,
         "writes_clean": _writes_clean(t, allow_write_timeouts),
     }
+    poison: dict[str, Any] = {}
+    if poison_dead_lettered:
+        produced = list(actions.poisoned())
+        found = _dead_lettered(produced, kafka_contract.AGGREGATOR_GROUP)
+        poison = {"produced": len(produced), "dead_lettered": len(found)}
+        checks["poison_dead_lettered"] = bool(produced) and found == set(produced)
     alerts = alerts_since(t.started_wall)
     deadline = time.monotonic() + ALERT_WAIT_S
     while not _fired_and_resolved(alerts, expected) and time.monotonic() < deadline:
@@ -129,11 +138,39 @@ def invariants_hold(
         checks=checks, traffic=summary, timeline=t.timeline(), marks=t.marks, drift=trace,
         lost=[list(p) for p in lost[:20]],
         truth=truth,
+        poison=poison,
         convergence={"converged": conv.converged, "first_match_s": conv.first_match_s,
                      "last_drift": conv.last_seen, "broke_drift": conv.broke, "said": str(conv),
                      "checked_for_s": round(time.monotonic() - started, 1)},
     )  # fmt: skip
     return all(checks.values())
+
+
+def _dead_lettered(keys: list[str], group: str, timeout_s: float = 30.0) -> set[str]:
+    """Which of these message keys likes.dead-letter holds a record of, sent by `group`."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    wanted, found = set(keys), set[str]()
+    c = Consumer({**actions.kafka_config(), "group.id": f"gameday-{uuid.uuid4()}",
+                  "enable.auto.commit": False})  # fmt: skip
+    try:
+        md = c.list_topics(events.DEAD_LETTER, timeout=10).topics[events.DEAD_LETTER]
+        parts = [TopicPartition(events.DEAD_LETTER, p, 0) for p in md.partitions]
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+        c.assign(parts)
+        deadline = time.monotonic() + timeout_s
+        while found != wanted and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                key = (m.key() or b"").decode(errors="replace")
+                headers: Any = m.headers()  # a list of (name, bytes) as consumed
+                if key in wanted and dlq.header_map(headers).get(dlq.GROUP) == group:
+                    found.add(key)
+            elif m is None and all(tp.offset >= ends[tp.partition] for tp in c.position(parts)):
+                break
+    finally:
+        c.close()
+    return found
 
 
 def _writes_clean(t: traffic.Traffic, allow_timeouts: bool) -> bool:

@@ -81,7 +81,8 @@ def get(
     console.print(t)
 
 
-def _put(switch: flags.Switch, on: bool, reason: str) -> flags.State:
+def put(switch: flags.Switch, on: bool, reason: str) -> flags.State:
+    """Turn `switch` on or off in etcd, audited (the game days' set_flag too)."""
     state = flags.State(on, audit.operator(), hotkeys.now_ms(), reason)
 
     async def put(client: aetcd.Client) -> dict[str, Any]:
@@ -108,12 +109,21 @@ def set_(
     etcd_commands.confirm(
         f"turn {switch.value} {'ON' if on else 'off'}? ({flags.EFFECTS[switch]})", yes
     )
-    state = _put(switch, on, reason)
+    state = put(switch, on, reason)
     if as_json:
         typer.echo(json.dumps({"switch": switch.value, **state.to_json()}))
     else:
         shown = "ON" if on else "off"
         console.print(f"{switch.value} is {shown} (the workloads see it within seconds)")
+
+
+def remove(switch: flags.Switch) -> bool:
+    """Remove `switch` from etcd, audited; whether it was there."""
+
+    async def delete(client: aetcd.Client) -> bool:
+        return bool(await client.delete(flags.key(switch).encode()))
+
+    return bool(etcd_commands.audited("flags unset", {"switch": switch.value}, delete))
 
 
 @app.command()
@@ -125,11 +135,7 @@ def unset(
     """Remove a switch (the workloads treat it as off)."""
     switch = _switch(name)
     etcd_commands.confirm(f"remove {switch.value}?", yes)
-
-    async def delete(client: aetcd.Client) -> bool:
-        return bool(await client.delete(flags.key(switch).encode()))
-
-    existed = etcd_commands.audited("flags unset", {"switch": switch.value}, delete)
+    existed = remove(switch)
     if as_json:
         typer.echo(json.dumps({"switch": switch.value, "removed": existed}))
     else:

@@ -13,15 +13,9 @@ from contextlib import contextmanager
 
 import httpx
 from confluent_kafka import Producer
-from confluent_kafka.admin import (
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    ResourceType,
-)
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from chaos import kafka_faults
 from services.contracts import clients, events, keys
 from tests.conftest import Stack
 
@@ -45,41 +39,16 @@ def produce_like(stack: Stack) -> int:
 
 
 def produce_poison(stack: Stack, n: int = 1) -> None:
-    """`n` messages on likes.committed that no consumer can decode (no Avro, no registry
-    header): each one the aggregator dead-letters."""
-    p = Producer(stack.kafka_config())
-    for i in range(n):
-        p.produce(events.COMMITTED, key=f"poison-{uuid.uuid4()}".encode(),
-                  value=b"\x00 not Avro: a fault test's poison " + str(i).encode())  # fmt: skip
-        if i % 1000 == 999:
-            p.flush(30)
-    assert p.flush(30) == 0
+    """`n` messages on likes.committed that no consumer can decode (chaos/kafka_faults.py)."""
+    kafka_faults.produce_poison(stack.kafka_config(), n)
 
 
 @contextmanager
 def records_refused(stack: Stack, *topics: str) -> Iterator[None]:
-    """The brokers refuse every record written to `topics` until the block ends: the topics'
-    max.message.bytes is set below the size of any record batch, so a producer's send fails
-    with MSG_SIZE_TOO_LARGE and, on __consumer_offsets, a group's offset commit with
-    INVALID_COMMIT_OFFSET_SIZE. What clients see is a topic no one can write to, as when too few
-    replicas are in sync, but only on these topics: reads and every other topic go on."""
-    admin = AdminClient(stack.kafka_config())
-
-    def alter(op: AlterConfigOpType) -> None:
-        entry = ConfigEntry("max.message.bytes", "1", incremental_operation=op)
-        resources = [
-            ConfigResource(ResourceType.TOPIC, t, incremental_configs=[entry]) for t in topics
-        ]
-        for done in admin.incremental_alter_configs(resources).values():
-            done.result(30)
-
-    alter(AlterConfigOpType.SET)
-    # the controller accepted it; each broker applies it from the metadata log a moment later
-    time.sleep(1)
-    try:
+    """The brokers refuse every record written to `topics` until the block ends
+    (chaos/kafka_faults.py)."""
+    with kafka_faults.records_refused(stack.kafka_config(), *topics):
         yield
-    finally:
-        alter(AlterConfigOpType.DELETE)
 
 
 def set_sink_outage(stack: Stack, receiver: str, status: int | None) -> None:

@@ -15,7 +15,9 @@ from chaos import catalog
 from cli.main import app
 
 EXPERIMENTS = sorted(p.stem for p in catalog.EXPERIMENTS.glob("*.json"))
-FAULTS = {"kill", "stop", "pause", "kill_shard"}
+FAULTS = {"kill", "stop", "pause", "kill_shard"}  # dealt to servers the catalog names
+# dealt to the data or the control plane, and what undoes each (in the method and the rollbacks)
+DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_flag": "unset_flag"}
 runner = CliRunner()
 
 
@@ -42,17 +44,22 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
     method = funcs(exp["method"])
     assert method[0] == "start_traffic"
     faults = [a for a in exp["method"] if a["provider"]["func"] in FAULTS]
-    assert faults, "no fault in the method"
+    data_faults = [f for f in method if f in DATA_FAULTS]
+    assert faults or data_faults, "no fault in the method"
     for a in faults:  # aimed where the catalog says
         args = a["provider"]["arguments"]
         servers = args["servers"] if "servers" in args else [args["component"]]
         assert set(servers) <= set(mode.targets), (servers, mode.targets)
-    assert method[-1] in ("restart", "resume", "up"), "the method ends by recovering"
+    undo = [DATA_FAULTS[f] for f in data_faults if DATA_FAULTS[f]]
+    if faults or undo:
+        assert method[-1] in ("restart", "resume", "up", *undo), "the method ends by recovering"
+    for u in undo:  # undone in the method, and again in the rollbacks (which always run)
+        assert u in method and u in funcs(exp["rollbacks"]), u
     probes = exp["steady-state-hypothesis"]["probes"]
     assert [(p["provider"]["module"], p["provider"]["func"], p["tolerance"]) for p in probes] == [
         ("chaos.probes", "invariants_hold", True)
     ]
-    assert funcs(exp["rollbacks"]) == ["stop_traffic", "up"]
+    assert funcs(exp["rollbacks"]) == [*undo, "stop_traffic", "up"]
     assert exp["configuration"] == {"mode": mode_id}  # the probe reads its alerts from the entry
     assert exp["description"].startswith(mode.seed)
 

@@ -55,9 +55,14 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "write-kafka-publish-timeout",
         "read-count-cache-shard-unavailable",
         "idem-store-shard-unavailable",
+        "read-counter-store-unavailable",
+        "aggregator-poison-event",
+        "dlq-unavailable",
+        "registry-503-on-publish",
     }, none
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
     assert "one shard" in none["idem-store-shard-unavailable"]
+    assert "not to a pod" in none["dlq-unavailable"]
 
 
 def test_the_variants_are_valid_experiments_with_the_kubernetes_extension(
