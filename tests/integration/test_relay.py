@@ -7,8 +7,6 @@ dead replica's."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 import uuid
@@ -30,6 +28,7 @@ from services.contracts import metrics as metric_names
 from services.relay import core as relay_core
 from services.relay.core import OutboxRelay
 from services.write.core import OUTBOX_SHARDS, Publisher, outbox_shard
+from tests import loopback
 from tests.conftest import Stack
 from tests.integration.test_aggregator import wait_for
 from tests.integration.test_write import events_for, outbox_rows
@@ -344,31 +343,6 @@ def test_a_marker_whose_user_the_edge_store_refuses_as_a_key_is_dropped(
     assert [e.event_id for e in events_for(stack, {intent}, want=1)] == [event_id]
 
 
-@contextmanager
-def hung_broker() -> Iterator[str]:
-    """A Kafka bootstrap address that takes connections and never answers: a SIGSTOPped broker,
-    as a client sees one."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                held.append(listener.accept()[0])
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        t.join()
-        for c in [*held, listener]:
-            c.close()
-
-
 def test_the_oldest_rows_age_keeps_growing_while_a_pass_waits_on_a_hung_kafka(
     stack: Stack, cql: Session
 ) -> None:
@@ -381,7 +355,8 @@ def test_the_oldest_rows_age_keeps_growing_while_a_pass_waits_on_a_hung_kafka(
         (metric,) = relay_core.OLDEST.collect()
         return float(metric.samples[0].value)
 
-    with own_relays(stack) as (session, publisher), hung_broker() as address:
+    hung_broker = loopback.listener(loopback.hold)  # a SIGSTOPped broker, as a client sees one
+    with own_relays(stack) as (session, publisher), hung_broker as (address, _):
         OutboxRelay(session, publisher).run_once()  # what is pending now goes out
         settings = stack.settings()
         stuck = Publisher(clients.producer(settings, **{"bootstrap.servers": address,

@@ -6,8 +6,6 @@ once (a registry going down), counting the connections."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -15,35 +13,13 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from services.contracts import clients, registry
 from services.contracts.settings import Settings
+from tests import loopback
 
 
 @pytest.fixture
 def closing_registry() -> Iterator[tuple[str, list[int]]]:
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    accepted = [0]
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            accepted[0] += 1
-            conn.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
-            )
-            conn.close()  # RST: the request fails as on a registry that just went away
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}", accepted
-    finally:
-        stop.set()
-        t.join()
-        listener.close()
+    with loopback.listener(loopback.reset) as (address, accepted):
+        yield f"http://{address}", accepted
 
 
 def test_the_write_paths_registry_client_asks_once(
