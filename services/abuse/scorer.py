@@ -66,7 +66,12 @@ class FeatureState(Protocol):
 
 
 class VoidWriter(Protocol):
-    def void(self, like: events.LikeEvent, model_version: str, score: float) -> Any: ...
+    """services/abuse/voids.Voider: one user's voids in order, each answered by its result or
+    the Unavailable that stopped it."""
+
+    def void_many(
+        self, likes: Sequence[tuple[events.LikeEvent, float]], model_version: str
+    ) -> Sequence[Any]: ...
 
 
 class StormWatch:
@@ -240,21 +245,18 @@ class Scorer:
                 flagged.append((e, row, p))
 
         # the held batch keeps what it voided: a retry after a failure voids again, idempotently
-        # (an applied void answers "replayed"). Users' voids run at once, each user's one after
-        # the other: a void is a lightweight transaction on the user's partition, and a bot's
-        # likes come in bursts, so concurrent voids of one user would contend in Paxos (measured
-        # on bench/bench_abuse.py: all at once, 1,438 likes/s; per user, see the issue's notes).
-        # Every void is waited for before a failure is raised, so the storm watch sees each one
-        # that applied.
+        # (an applied void answers "replayed"). Users' voids run at once, each user's in one
+        # call, in order: a void is a lightweight transaction on the user's partition, and a
+        # bot's likes come in bursts, so concurrent voids of one user would contend in Paxos;
+        # the voider puts a user's voids in conditional batches, one Paxos round for several
+        # (services/abuse/voids.Voider.void_many). Every void is waited for before a failure is
+        # raised, so the storm watch sees each one that applied.
         def void_each(indices: list[int]) -> list[Any]:
-            out: list[Any] = []
-            for i in indices:
-                e, _, p = flagged[i]
-                try:
-                    out.append(self.voider.void(e, verdicts.version, p))
-                except (Unavailable, ModelUnavailable) as exc:
-                    out.append(exc)
-            return out
+            likes = [(flagged[i][0], flagged[i][2]) for i in indices]
+            try:
+                return list(self.voider.void_many(likes, verdicts.version))
+            except (Unavailable, ModelUnavailable) as exc:
+                return [exc] * len(indices)
 
         by_user: dict[str, list[int]] = {}
         for i, (e, _, _) in enumerate(flagged):

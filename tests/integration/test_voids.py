@@ -140,8 +140,50 @@ def test_voids_and_unvoids_keep_counts_equal_to_the_non_void_edges(
     truth = liked_edges(cql, [(u, post[k]) for k in post for u in (user[k], bystander)])
     assert {k: truth[post[k]] for k in post} == want  # the edge-store agrees with the plan
     early = void_before_its_like(stack, api)
+    burst = a_burst_voided_in_batches(stack, api, cql, voider)
     # one convergence hold for all of them (each is ~30 s of the suite's critical path)
-    converge(api, {**{post[k]: n for k, n in want.items()}, early: 1})
+    converge(api, {**{post[k]: n for k, n in want.items()}, early: 1, **burst})
+
+
+def a_burst_voided_in_batches(
+    stack: Stack, api: LikesClient, cql: Session, voider: voids.Voider
+) -> dict[str, int]:
+    """A bot's burst: one user likes VOID_BATCH + 2 posts (each liked by a bystander too), and
+    takes the last like back before the scorer gets to it. `void_many` writes the first
+    VOID_BATCH voids as one conditional batch (one write timestamp for all their edges); the
+    second chunk's batch fails on the unliked edge, so each of its voids answers for itself.
+    Returns the posts and the counts they must converge to."""
+    tag = uuid.uuid4().hex[:8]
+    region = stack.settings().region
+    bot, bystander = f"u-burst-{tag}", f"u-burst-by-{tag}"
+    posts = [f"burst-{i}-{tag}" for i in range(voids.VOID_BATCH + 2)]
+    intents = [like(stack, api, bot, p) for p in posts]
+    for p in posts:
+        like(stack, api, bystander, p)
+    like(stack, api, bot, posts[-1], "unlike")
+    results = voider.void_many(
+        [(like_event(bot, p, i, region), 0.99) for p, i in zip(posts, intents, strict=True)], MODEL
+    )
+    reasons = [r.reason for r in results if isinstance(r, voids.Result)]
+    assert reasons == ["voided"] * (len(posts) - 1) + ["not-liked"], results
+    assert all(r.published for r in results[:-1] if isinstance(r, voids.Result)), results
+    stamps = {
+        row.ref: row.stamp
+        for row in cql.execute(
+            "SELECT ref, writetime(void_id) AS stamp FROM edges "
+            "WHERE user_id = %s AND kind = 'edge'",
+            (bot,),
+        )
+    }
+    assert len({stamps[p] for p in posts[: voids.VOID_BATCH]}) == 1, stamps  # one batch
+    assert stamps[posts[voids.VOID_BATCH]] != stamps[posts[0]], stamps  # the fallback, alone
+    again = voider.void_many(
+        [(like_event(bot, p, i, region), 0.99) for p, i in zip(posts, intents, strict=True)], MODEL
+    )  # a replay (the scorer crashed before its commit): nothing is voided twice
+    assert [r.reason for r in again if isinstance(r, voids.Result)] == ["replayed"] * (
+        len(posts) - 1
+    ) + ["not-liked"], again
+    return {p: 1 for p in posts}  # the bystander's like; the bot's are void or taken back
 
 
 def void_before_its_like(stack: Stack, api: LikesClient) -> str:

@@ -7,7 +7,6 @@ records its calls."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +37,25 @@ class FixedModel:
         return Verdicts([float(r[0]) for r in rows], "v-test", THRESHOLD)
 
 
+class PerLike:
+    """void_many as the real voider answers it: each like's result in order, or the Unavailable
+    that stopped it (the batching itself is tests/integration/test_voids.py's)."""
+
+    def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
+        raise NotImplementedError
+
+    def void_many(
+        self, likes: Sequence[tuple[events.LikeEvent, float]], version: str
+    ) -> list[Result | Unavailable]:
+        out: list[Result | Unavailable] = []
+        for e, score in likes:
+            try:
+                out.append(self.void(e, version, score))
+            except Unavailable as exc:
+                out.append(exc)
+        return out
+
+
 def like(user: str) -> events.LikeEvent:
     return events.LikeEvent.new(
         intent_uuid=str(uuid.uuid4()), user_id=user, post_id=f"p-{uuid.uuid4().hex[:6]}",
@@ -64,7 +82,7 @@ def test_a_batchs_voids_are_written_at_once() -> None:
     barrier = threading.Barrier(flagged, timeout=20)
     voided: list[str] = []
 
-    class Voider:
+    class Voider(PerLike):
         def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
             barrier.wait()
             voided.append(e.intent_uuid)
@@ -75,35 +93,29 @@ def test_a_batchs_voids_are_written_at_once() -> None:
     assert sorted(voided) == sorted(e.intent_uuid for e, row in held.likes if row[0] > THRESHOLD)
 
 
-def test_one_users_voids_are_written_one_after_the_other_in_order() -> None:
+def test_one_users_voids_are_written_in_one_call_in_order() -> None:
     """A void is a lightweight transaction on the user's partition: a bot's burst voided all at
     once would contend in Paxos. Two bots, five likes each: the bots run at once (the barrier
-    of their first voids), each bot's voids in its likes' order and never two at a time."""
+    of their calls), each bot's voids in ONE call, in its likes' order (the voider batches
+    them: one Paxos round for several)."""
     barrier = threading.Barrier(2, timeout=20)
+    calls: dict[str, list[list[str]]] = {}
     lock = threading.Lock()
-    inflight: dict[str, int] = {}
-    most: dict[str, int] = {}
-    order: dict[str, list[str]] = {}
 
     class Voider:
-        def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
+        def void_many(
+            self, likes: Sequence[tuple[events.LikeEvent, float]], version: str
+        ) -> list[Result]:
+            (user,) = {e.user_id for e, _ in likes}
             with lock:
-                inflight[e.user_id] = inflight.get(e.user_id, 0) + 1
-                most[e.user_id] = max(most.get(e.user_id, 0), inflight[e.user_id])
-                first = e.user_id not in order
-                order.setdefault(e.user_id, []).append(e.intent_uuid)
-            if first:
-                barrier.wait()
-            time.sleep(0.01)  # room for a second void of the user to start, were it allowed
-            with lock:
-                inflight[e.user_id] -= 1
-            return Result(True, "voided")
+                calls.setdefault(user, []).append([e.intent_uuid for e, _ in likes])
+            barrier.wait()
+            return [Result(True, "voided") for _ in likes]
 
     held = batch([(f"bot-{i % 2}", 0.9) for i in range(10)])
     scorer(Voider())._score_and_void(held)
-    assert most == {"bot-0": 1, "bot-1": 1}
     for user in ("bot-0", "bot-1"):
-        assert order[user] == [e.intent_uuid for e, _ in held.likes if e.user_id == user]
+        assert calls[user] == [[e.intent_uuid for e, _ in held.likes if e.user_id == user]]
 
 
 def test_one_failed_void_holds_the_batch_after_the_others_reach_the_storm_watch() -> None:
@@ -111,7 +123,7 @@ def test_one_failed_void_holds_the_batch_after_the_others_reach_the_storm_watch(
     storms = StormWatch(lambda u: degraded.append(u) is None)
     n = degrade.STORM_VOIDS
 
-    class Voider:
+    class Voider(PerLike):
         def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
             if e.user_id == "unlucky":
                 raise Unavailable("edge-store", "timed out")
