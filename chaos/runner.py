@@ -6,13 +6,20 @@ here is `passed` only when the hypothesis held before and after the method (not 
 every activity and rollback succeeded. Rollbacks run
 always (the `always` strategy: the stack is left as it was found, whatever happened), and the
 traffic is stopped and `likes local up` run once more if the run is interrupted (Ctrl-C).
+Chaos Toolkit catches a Ctrl-C that lands in the method itself, runs the rollbacks and returns
+an `interrupted` journal: the run then saves that journal and raises KeyboardInterrupt, so a
+game day stops instead of going on to the next experiment.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,17 +64,48 @@ def run(
     deadline = started + READY_WAIT_S
     while not probes.stack_ready() and time.monotonic() < deadline:
         time.sleep(2)
-    try:
-        journal: dict[str, Any] = dict(run_experiment(experiment, settings=SETTINGS))
-    except KeyboardInterrupt:
-        traffic.end()
-        actions.up()
-        raise
-    finally:
-        traffic.end()
+    with _sigint_seen() as ctrl_c:
+        try:
+            journal: dict[str, Any] = dict(run_experiment(experiment, settings=SETTINGS))
+        except KeyboardInterrupt:
+            traffic.end()
+            actions.up()
+            raise
+        finally:
+            traffic.end()
     duration = round(time.monotonic() - started, 1)
-    result = judge(mode_id, journal, duration, dict(probes.last))
-    return _save(result, journal, journal_dir)
+    result = _save(judge(mode_id, journal, duration, dict(probes.last)), journal, journal_dir)
+    if ctrl_c.is_set():  # Chaos Toolkit caught it in the method and ran the rollbacks
+        actions.up()
+        raise Interrupted(result)
+    return result
+
+
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C during a run, after its rollbacks: `result` is the interrupted run's."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.id)
+        self.result = result
+
+
+@contextmanager
+def _sigint_seen() -> Iterator[threading.Event]:
+    """Set when SIGINT arrives meanwhile (it still raises KeyboardInterrupt where it lands)."""
+    seen = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen  # signals reach the main thread only
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        seen.set()
+        signal.default_int_handler(signum, frame)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def judge(mode_id: str, journal: dict[str, Any], duration: float, checks: dict[str, Any]) -> Result:

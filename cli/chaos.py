@@ -73,7 +73,8 @@ def run(
 ) -> None:
     """Run one experiment: traffic through the gateway, the fault, the rollbacks (always), then
     the invariants checked against the stores. Exit 0 when it passed, 1 when it deviated or an
-    activity failed, 2 when it cannot run. Mutates the stack: run it on a stack you can break.
+    activity failed, 2 when it cannot run, 130 on Ctrl-C (the traffic stops and the stack is
+    rolled back first). Mutates the stack: run it on a stack you can break.
 
     With --target k8s it deletes the production pods the local fault stands for (asking first,
     unless --yes) and checks they run again; the users' traffic and the SLO alerts do the rest."""
@@ -101,8 +102,12 @@ def run(
         result = _run_k8s(mode_id, experiment, stack, yes, journal_dir, json_out)
     else:
         if not json_out:
-            console.print(f"running {mode_id} against the local stack ...")
-        result = runner.run(mode_id, journal_dir)
+            console.print(f"running {mode_id} against the local stack ... (Ctrl-C rolls back)")
+        try:
+            result = runner.run(mode_id, journal_dir)
+        except KeyboardInterrupt:
+            err.print(f"[yellow]interrupted:[/] {mode_id}: traffic stopped, stack rolled back")
+            raise typer.Exit(130) from None
     if json_out:
         print(json.dumps(result.as_dict(), default=str))
     else:
@@ -171,7 +176,11 @@ def gameday(
         for n, mode_id in enumerate(ids, 1):
             if not json_out:
                 console.print(f"[{n}/{len(ids)}] {mode_id} ...")
-            r = runner.run(mode_id, out / "journals")
+            try:
+                r = runner.run(mode_id, out / "journals")
+            except runner.Interrupted as stopped:
+                results.append(stopped.result)  # the report shows it, verdict failed
+                raise
             results.append(r)
             if not json_out:
                 colour = {"passed": "green", "deviated": "yellow"}.get(r.verdict, "red")

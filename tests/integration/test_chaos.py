@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from chaos import catalog, runner, traffic
 from services.contracts import clients
-from tests.conftest import Stack
+from tests.conftest import LIKES, Stack
 
 pytestmark = pytest.mark.stack
 
@@ -48,6 +52,50 @@ def test_the_experiment_passes_on_the_stack(stack: Stack, mode_id: str, tmp_path
     )
     if mode_id == "write-idem-store-down":  # it failed closed, cleanly, while the store was gone
         assert sent["writes"].get("503", 0) > 0 and sent["unclean_writes"] == 0, sent
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.disruptive
+def test_ctrl_c_stops_the_run_and_leaves_the_stack_whole(stack: Stack, tmp_path: Path) -> None:
+    """Ctrl-C while an experiment's fault holds (the idem-store killed, 30 s to go): the run
+    stops at once with 130 and says so, its rollbacks ran (the journal is `interrupted` and
+    lists them), and the stack is whole again when it exits: every killed server answers."""
+    mode_id = "write-idem-store-down"
+    ports = stack.layout.ports.idem_store
+    proc = subprocess.Popen([LIKES, "chaos", "run", mode_id, "--journal-dir", str(tmp_path)],
+                            env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while all(_answers(p) for p in ports):  # the fault: the method killed them
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, errs = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            stack.up()
+    assert proc.returncode == 130, (out, errs)
+    assert "interrupted" in errs, errs
+    assert all(_answers(p) for p in ports), "a killed idem-store node is still down"
+    journal = json.loads((tmp_path / f"{mode_id}.json").read_text())
+    assert journal["status"] == "interrupted", journal["status"]
+    # the method stopped where the Ctrl-C came: the fault's 30 s were not waited out, its own
+    # restart step never ran (the rollbacks restarted the store)
+    ran = [r["activity"]["name"] for r in journal["run"]]
+    assert ran[-1] == "kill-idem-store" and "restart-idem-store" not in ran, ran
+    rolled = {r["activity"]["name"]: r["status"] for r in journal["rollbacks"]}
+    assert rolled and set(rolled.values()) == {"succeeded"}, rolled
+    assert "stop-traffic" in rolled, rolled
+    assert journal["likes"]["verdict"] == "failed", journal["likes"]
 
 
 def lose_an_accepted_like() -> list[str]:
