@@ -241,6 +241,8 @@ class Table:
         # operator's does not): Prometheus discovers them and scrapes their metrics port
         for w in workloads.SERVICES:
             out.append(Flow(prometheus, self.workload(w), (w.ops_port,), "scrape"))
+            if w.sidecar is not None:  # the pod-sidecars job, by the port's name
+                out.append(Flow(prometheus, self.workload(w), (w.sidecar.ops_port,), "scrape"))
         # Prometheus and Alertmanager carry the scrape annotations too (their own metrics)
         out.append(Flow(prometheus, prometheus, (obs.PROMETHEUS_PORT,), "scrape"))
         alertmanager = self.app(a.observability_namespace, "alertmanager")

@@ -17,6 +17,7 @@ import yaml
 
 from infra import alert_rules, dashboards, exporters, otel_config
 from infra import k8s as kx
+from services.contracts import workloads
 
 OTLP_GRPC = 4317
 OTLP_HTTP = 4318
@@ -106,6 +107,7 @@ PATH_ANNOTATION = "prometheus.io/path"
 NAME_LABEL = "app.kubernetes.io/name"
 # annotations whose value is a port of the pod: the local stack replaces them with its own ports
 PORT_ANNOTATIONS = (PORT_ANNOTATION, exporters.REDIS_PORT_ANNOTATION)
+SIDECAR_JOB = "pod-sidecars"  # sidecars' ops ports, by name (workloads.SIDECAR_METRICS_PORT)
 
 
 def scrape_annotations(port: int, path: str = "/metrics") -> dict[str, str]:
@@ -221,6 +223,25 @@ def prometheus_config(args: ObservabilityArgs, alertmanager: str) -> dict[str, A
                         "target_label": "__address__",
                     },
                     *_target_labels(),
+                ],
+            },
+            {
+                # Sidecars: a pod's annotations name one port (its workload's), so a sidecar's
+                # metrics are found by its container port's name; `workload` is the container's.
+                "job_name": SIDECAR_JOB,
+                "kubernetes_sd_configs": pod_sd,
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                        "regex": workloads.SIDECAR_METRICS_PORT,
+                        "action": "keep",
+                    },
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_container_name"],
+                        "target_label": alert_rules.WORKLOAD_LABEL,
+                    },
                 ],
             },
             *_redis_jobs(args),

@@ -216,8 +216,9 @@ class Services(pulumi.ComponentResource):
     def _sidecar(
         sidecar: workloads.Sidecar, spec: ServiceSpec, image: str
     ) -> kx.core.ContainerArgs:
-        """The sidecar: its own probes on its own ops port (its metrics are not scraped: the
-        pod's scrape annotations name one port, the workload's). Only the pod reaches its port."""
+        """The sidecar: its own probes on its own ops port, scraped by the `pod-sidecars` job
+        for its port's name (the pod's scrape annotations name one port, the workload's). Only
+        the pod reaches its gRPC port."""
         size = spec.sidecar or ContainerSize()
         return kx.core.ContainerArgs(
             name=sidecar.name,
@@ -226,7 +227,9 @@ class Services(pulumi.ComponentResource):
             env=kx.env({"PYTHONDONTWRITEBYTECODE": "1"}),
             ports=[
                 kx.core.ContainerPortArgs(name="grpc", container_port=sidecar.port),
-                kx.core.ContainerPortArgs(name="ops", container_port=sidecar.ops_port),
+                kx.core.ContainerPortArgs(
+                    name=workloads.SIDECAR_METRICS_PORT, container_port=sidecar.ops_port
+                ),
             ],
             resources=kx.resources(size.cpu, f"{size.memory_mi}Mi", cpu_limit=_double(size.cpu)),
             liveness_probe=kx.http_probe(workloads.HEALTH_PATH, sidecar.ops_port, delay=5),

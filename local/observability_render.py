@@ -25,10 +25,17 @@ class Pod:
     namespace: str
     labels: dict[str, str]
     annotations: dict[str, str]
+    # container name -> its named ports (name -> containerPort): Kubernetes SD makes a target of
+    # each, with the container's and the port's names (the pod-sidecars job keeps some by name)
+    containers: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.labels.get(NAME_LABEL, "")
+
+    def container_with_port(self, port_name: str) -> str | None:
+        """The container that declares the port named `port_name`."""
+        return next((c for c, ports in self.containers.items() if port_name in ports), None)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,15 @@ class Rendered:
 
     def pod(self, name: str) -> Pod | None:
         return next((p for p in self.pods if p.name == name), None)
+
+
+def _containers(resource: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """A Deployment's (StatefulSet's, DaemonSet's) containers and their named ports."""
+    pod_spec = ((resource["inputs"].get("spec") or {}).get("template") or {}).get("spec") or {}
+    return {
+        c["name"]: {p["name"]: int(p["containerPort"]) for p in c.get("ports") or [] if "name" in p}
+        for c in pod_spec.get("containers") or []
+    }
 
 
 def _pod_metadata(resource: dict[str, Any]) -> dict[str, Any] | None:
@@ -81,7 +97,14 @@ def from_resources(resources: list[dict[str, Any]]) -> Rendered:
         if template is None:
             continue
         ns = r["inputs"].get("metadata", {}).get("namespace", "default")
-        pods.append(Pod(ns, template.get("labels") or {}, template.get("annotations") or {}))
+        pods.append(
+            Pod(
+                ns,
+                template.get("labels") or {},
+                template.get("annotations") or {},
+                _containers(r),
+            )
+        )
     return Rendered(
         prometheus=yaml.safe_load(data(obs.PROMETHEUS_CONFIG_MAP)[obs.PROMETHEUS_CONFIG_FILE]),
         rules=data(obs.RULES_CONFIG_MAP),

@@ -143,20 +143,50 @@ def sd_labels(pod: Pod, pod_name: str, port: int) -> dict[str, str]:
     return out
 
 
+def port_key(workload: str, port_name: str) -> str:
+    """The key of `jobs` (file_sd_groups) for a container port of a workload's pod by its name
+    (a sidecar's), rather than the port the pod's annotations name."""
+    return f"{workload}/{port_name}"
+
+
 def file_sd_groups(
     rendered: Rendered, jobs: Mapping[str, list[str]], namespaces: list[str] | None
 ) -> list[dict[str, Any]]:
-    """Transform 1: target groups for the components' metrics targets (job -> host:port list)."""
+    """Transform 1: target groups for the components' metrics targets (job -> host:port list).
+    A job keyed by port_key(workload, port name) is a named container port of that workload's
+    pods (its i-th target in the i-th local pod): its group carries the container's and the
+    port's names, and the pod's annotations the port of that pod's own target, as Kubernetes
+    SD gives every declared port of a pod."""
     groups = []
     for job, targets in jobs.items():
-        pod = rendered.pod(job)
+        workload, _, port_name = job.partition("/")
+        pod = rendered.pod(workload)
         if pod is None or (namespaces is not None and pod.namespace not in namespaces):
             continue  # no such pod in the cluster, or one the SD does not watch
+        container = pod.container_with_port(port_name) if port_name else None
+        if port_name and container is None:
+            raise TransformError(f"{workload}'s pod declares no container port {port_name!r}")
+        own = jobs.get(workload, [])
         for i, target in enumerate(targets):
             port = int(target.rsplit(":", 1)[1])
-            labels = sd_labels(pod, f"{pod.name}-local-{i}", port)
+            if container is None:
+                groups.append({"targets": [target], "labels": sd_labels(pod, _pod(pod, i), port)})
+                continue
+            if i >= len(own):
+                raise TransformError(f"{job}: {target} has no local {workload} pod beside it")
+            labels = sd_labels(pod, _pod(pod, i), int(own[i].rsplit(":", 1)[1]))
+            labels |= {
+                "__meta_kubernetes_pod_container_name": container,
+                "__meta_kubernetes_pod_container_port_name": port_name,
+                "__meta_kubernetes_pod_container_port_number": str(port),
+                "__meta_kubernetes_pod_container_port_protocol": "TCP",
+            }
             groups.append({"targets": [target], "labels": labels})
     return groups
+
+
+def _pod(pod: Pod, i: int) -> str:
+    return f"{pod.name}-local-{i}"
 
 
 def prometheus(

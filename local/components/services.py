@@ -3,6 +3,7 @@ renders it for the stack (local/rendered.py), changed only by local/transforms.p
 
 from __future__ import annotations
 
+from local import observability_transforms as obs_transforms
 from local import rendered, transforms
 from local.components.base import Component, Server, http_probe
 from local.components.gateway import Gateway
@@ -65,9 +66,17 @@ class Workload(Component):
         ]
 
     def metrics_targets(self) -> list[str]:
-        if self.process.sidecar is not None:
-            return []  # as in the cluster: a pod's scrape annotations name the workload's port
         return [f"{HOST}:{self.process.ops_port}"]
+
+    def scrape_targets(self) -> dict[str, list[str]]:
+        """A sidecar's ops port is its workload's pod's port of that name (the pod's scrape
+        annotations name the workload's own port)."""
+        if self.process.sidecar is not None:
+            key = obs_transforms.port_key(
+                self.process.workload.name, workloads.SIDECAR_METRICS_PORT
+            )
+            return {key: self.metrics_targets()}
+        return super().scrape_targets()
 
 
 def _first_model(layout: Layout) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -30,9 +31,11 @@ from typing import Any, NoReturn
 import grpc
 import orjson
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.abuse import features, model
 from services.abuse.settings import MODEL_PORT
+from services.contracts import metrics as names
 from services.contracts import workloads
 
 SERVICE = "likes.abuse.v1.Model"
@@ -43,6 +46,14 @@ RELOAD_S = 10.0  # how often the server looks at `current`
 DRAIN_S = 5.0  # SIGTERM: calls in flight get this long to finish
 
 log = logging.getLogger("abuse.model_server")
+
+CALLS = Counter(names.ABUSE_MODEL_CALLS, "Score calls, by the gRPC code answered", ["code"])
+ROWS = Counter(names.ABUSE_MODEL_ROWS, "Rows (likes) given a probability")
+SECONDS = Histogram(
+    names.ABUSE_MODEL_SECONDS, "Time to answer a Score call",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)  # fmt: skip
+SERVING = Gauge(names.ABUSE_MODEL_SERVING, "1 for the model version being served", ["version"])
 
 
 def mismatch(names: object) -> str | None:
@@ -98,6 +109,8 @@ class ModelServer:
         nothing changed."""
         m = model.load(self.model_dir, version)
         self.model = m
+        SERVING.clear()
+        SERVING.labels(m.version).set(1)
         self._set_serving(True)
         log.info("model loaded", extra={"fields": {"version": m.version, "threshold": m.threshold}})
         return m
@@ -126,6 +139,20 @@ class ModelServer:
         self.server.stop(grace).wait()
 
     def _score(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            answer, rows = self._answer(request, context)
+            ROWS.inc(rows)
+            return answer
+        except Exception:
+            code = context.code() or grpc.StatusCode.UNKNOWN  # the abort's, when it was one
+            raise
+        finally:
+            CALLS.labels(code.name).inc()
+            SECONDS.observe(time.perf_counter() - started)
+
+    def _answer(self, request: bytes, context: grpc.ServicerContext) -> tuple[bytes, int]:
         m = self.model
         if m is None:
             _abort(context, grpc.StatusCode.UNAVAILABLE, "no model loaded yet")
@@ -142,7 +169,7 @@ class ModelServer:
         except (ValueError, TypeError) as e:  # ragged rows, strings, wrong widths
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"rows: {e}")
         return orjson.dumps({"probabilities": p.tolist(), "version": m.version,
-                             "threshold": m.threshold})  # fmt: skip
+                             "threshold": m.threshold}), len(p)  # fmt: skip
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:

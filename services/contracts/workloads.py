@@ -48,11 +48,17 @@ SERVERS: dict[str, str | None] = {
 }
 
 
+# The name of a sidecar's ops port in its container: the pod's scrape annotations name one port
+# (the workload's), so the `pod-sidecars` scrape job (infra/observability.py) keeps the
+# container ports so named, and labels their series with the container's name as `workload`.
+SIDECAR_METRICS_PORT = "sidecar-metrics"
+
+
 @dataclass(frozen=True)
 class Sidecar:
     """A second container of a workload's pod, which the workload calls on localhost (the pod's
     own network: no Service, no NetworkPolicy between them). Probed and served like a worker:
-    /healthz, /readyz and /metrics on its own ops port, plain HTTP."""
+    /healthz, /readyz and /metrics on its own ops port (SIDECAR_METRICS_PORT), plain HTTP."""
 
     name: str  # container name; the local stack's server name
     module: str  # the `python -m` module

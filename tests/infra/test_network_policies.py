@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Network, ip_address
@@ -50,6 +51,8 @@ class Model:
     tokens: set[Pod] = dataclasses.field(default_factory=set)  # pods that carry an API token
     annotations: dict[Pod, dict[str, str]] = dataclasses.field(default_factory=dict)
     metrics: dict[Pod, set[int]] = dataclasses.field(default_factory=dict)  # ports serving metrics
+    # each pod's named container ports (name -> port): a scrape job may keep ports by name
+    port_names: dict[Pod, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     def where(self, namespace: str, **labels: str) -> list[Pod]:
         found = [
@@ -95,6 +98,7 @@ def model(p: plan.Plan) -> Model:
     tokens: set[Pod] = set()
     annotations: dict[Pod, dict[str, str]] = {}
     metrics: dict[Pod, set[int]] = {}
+    port_names: dict[Pod, dict[str, int]] = {}
     # a pod mounts an API token unless it or its ServiceAccount says not to
     sa_automount = {
         (r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]): r.inputs.get(
@@ -122,6 +126,12 @@ def model(p: plan.Plan) -> Model:
                 for c in containers
                 for q in c.get("ports", [])
                 if q.get("name") == "metrics"
+            }
+            port_names[pod] = {
+                q["name"]: q["containerPort"]
+                for c in containers
+                for q in c.get("ports", [])
+                if "name" in q
             }
             if md["namespace"] == APPS and md["name"] in workloads.BY_NAME:
                 c = t["spec"]["containers"][0]  # the workload's own (a sidecar comes after)
@@ -197,7 +207,10 @@ def model(p: plan.Plan) -> Model:
     }
     namespaces["kube-system"] = {}
     policies = [r.inputs for r in by_kind(p, "NetworkPolicy")]
-    return Model(Cluster(policies, namespaces), pods, services, env, tokens, annotations, metrics)
+    return Model(
+        Cluster(policies, namespaces), pods, services, env, tokens, annotations, metrics,
+        port_names,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -507,9 +520,27 @@ def implied(m: Model, p: plan.Plan) -> list[Conn]:
         )
     )
     for job in prom["scrape_configs"]:
+        # a job that keeps container ports by their name (the pod-sidecars job) scrapes those
+        by_name = next(
+            (
+                r["regex"]
+                for r in job.get("relabel_configs", [])
+                if r.get("action") == "keep"
+                and r.get("source_labels") == ["__meta_kubernetes_pod_container_port_name"]
+            ),
+            None,
+        )
         for sd in job.get("kubernetes_sd_configs", []):
             assert sd["role"] == "pod", "this derivation reads pod discovery only"
             for pod in (q for q in m.pods if q.namespace in sd["namespaces"]["names"]):
+                if by_name is not None:
+                    out += [
+                        Conn(src, pod, port, "scrape")
+                        for name, port in m.port_names.get(pod, {}).items()
+                        if re.fullmatch(by_name, name)
+                        for src in prometheus
+                    ]
+                    continue
                 ann = m.annotations.get(pod, {})
                 if ann.get(observability.SCRAPE_ANNOTATION) == "true":
                     port = int(ann[observability.PORT_ANNOTATION])

@@ -14,6 +14,8 @@ import pytest
 from infra import alert_rules, exporters, observability, platform
 from infra.alert_rules import SERVICE_LABEL
 from local import observability_render, observability_transforms
+from services.contracts import metrics as metric_names
+from services.contracts import workloads as wl
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -79,8 +81,20 @@ def _expected_targets(stack: Stack) -> dict[str, set[str]]:
     def opted(g: dict[str, Any], annotation: str) -> bool:
         return g["labels"].get(observability.sd_label("annotation", annotation)) == "true"
 
+    def port_name(g: dict[str, Any]) -> str | None:
+        return g["labels"].get("__meta_kubernetes_pod_container_port_name")
+
     return {
-        "pods": {g["targets"][0] for g in groups if opted(g, observability.SCRAPE_ANNOTATION)},
+        # a named container port of an annotated pod is rewritten to the annotated port: the
+        # pod's own target again (one target, as Prometheus keeps one of identical ones)
+        "pods": {
+            g["targets"][0]
+            for g in groups
+            if opted(g, observability.SCRAPE_ANNOTATION) and port_name(g) is None
+        },
+        observability.SIDECAR_JOB: {
+            g["targets"][0] for g in groups if port_name(g) == wl.SIDECAR_METRICS_PORT
+        },
         exporters.REDIS_JOB: {
             f"redis://{g['targets'][0]}"
             for g in groups
@@ -108,6 +122,8 @@ def test_prometheus_scrapes_exactly_what_the_program_annotates_and_all_is_up(
             *ports.kafka_metrics,
         )
     } <= expected["pods"]
+    # the abuse model server, the scorer's sidecar, by its container port's name
+    assert expected[observability.SIDECAR_JOB] == {f"{host}:{ports.abuse_model_ops}"}
     redis_ports = (*ports.count_cache, *ports.idem_store, *ports.hot_pools)
     assert expected[exporters.REDIS_JOB] == {f"redis://{host}:{p}" for p in redis_ports}
 
@@ -155,6 +171,8 @@ def _is(expected: float) -> Callable[[float], bool]:
         ("etcd_server_has_leader", ("etcd",), 1, _is(1)),
         ("prometheus_tsdb_head_series", ("prometheus",), 1, _any),
         ("alertmanager_cluster_enabled", ("alertmanager",), 1, _any),
+        # the scorer's sidecar, found by its container port's name (the pod-sidecars job)
+        (metric_names.ABUSE_MODEL_SERVING, ("abuse-model",), 1, _is(1)),
     ],
 )
 def test_each_datastore_exporter_serves_its_use_series(

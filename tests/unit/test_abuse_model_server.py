@@ -109,6 +109,36 @@ def test_wrong_feature_names_are_invalid_argument_naming_the_columns(
         assert _raw_score(server.port, body).code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_the_servers_metrics_count_calls_rows_codes_and_the_version_serving(
+    server: model_server.ModelServer, small_model: model.Model, rows: list[tuple[float, ...]]
+) -> None:
+    from services.contracts import metrics as names
+
+    calls = names.ABUSE_MODEL_CALLS.removesuffix("_total")
+    before = {code: _sample(f"{calls}_total", code=code)
+              for code in ("OK", "UNAVAILABLE", "INVALID_ARGUMENT")}  # fmt: skip
+    scored, timed = _sample(names.ABUSE_MODEL_ROWS), _sample(f"{names.ABUSE_MODEL_SECONDS}_count")
+    with model_server.ModelClient(f"{HOST}:{server.port}", timeout=5) as client:
+        with pytest.raises(model_server.ModelUnavailable):
+            client.score(rows[:3])  # no model yet
+        model.save(small_model, server.model_dir)
+        server.load()
+        client.score(rows[:7])
+    _raw_score(server.port, b"not json")
+    assert _sample(f"{calls}_total", code="OK") - before["OK"] == 1
+    assert _sample(f"{calls}_total", code="UNAVAILABLE") - before["UNAVAILABLE"] == 1
+    assert _sample(f"{calls}_total", code="INVALID_ARGUMENT") - before["INVALID_ARGUMENT"] == 1
+    assert _sample(names.ABUSE_MODEL_ROWS) - scored == 7
+    assert _sample(f"{names.ABUSE_MODEL_SECONDS}_count") - timed == 3
+    assert _sample(names.ABUSE_MODEL_SERVING, version=small_model.version) == 1
+
+
 def test_a_stopped_server_is_model_unavailable(
     server: model_server.ModelServer, small_model: model.Model, rows: list[tuple[float, ...]]
 ) -> None:

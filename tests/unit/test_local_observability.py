@@ -115,13 +115,13 @@ def test_the_redis_job_asks_the_local_exporter_for_each_local_redis(tmp_path: Pa
     jobs = {**JOBS, "count-cache": ["127.0.0.1:7001", "127.0.0.1:7002"]}
     addresses = {AM_IN_CLUSTER: AM_LOCAL, EXPORTER_IN_CLUSTER: "127.0.0.1:9121"}
     cfg, files = transforms.prometheus(r, jobs, addresses, tmp_path / "rules", tmp_path)
-    _pods, redis_job = cfg["scrape_configs"]
+    _pods, _sidecars, redis_job = cfg["scrape_configs"]
     assert redis_job["job_name"] == exporters.REDIS_JOB
     # transform 2: the fixed __address__ is the local exporter; nothing else of the job changed
     (fixed,) = [c for c in redis_job["relabel_configs"] if "source_labels" not in c]
     assert fixed == {"target_label": "__address__", "replacement": "127.0.0.1:9121"}
     (rendered_fixed,) = [
-        c for c in r.prometheus["scrape_configs"][1]["relabel_configs"] if "source_labels" not in c
+        c for c in r.prometheus["scrape_configs"][2]["relabel_configs"] if "source_labels" not in c
     ]
     assert rendered_fixed["replacement"] == EXPORTER_IN_CLUSTER
     # transform 1: each local node is a target carrying the local port in its port annotation
@@ -147,12 +147,18 @@ def test_prometheus_changes_only_the_listed_parts(tmp_path: Path) -> None:
     cfg, files = transforms.prometheus(
         r, JOBS, {AM_IN_CLUSTER: AM_LOCAL}, tmp_path / "rules", tmp_path
     )
-    (scrape,) = cfg["scrape_configs"]
-    (rendered_scrape,) = r.prometheus["scrape_configs"]
-    assert "kubernetes_sd_configs" not in scrape
-    assert scrape["file_sd_configs"] == [{"files": [str(tmp_path / "pods-0.json")]}]
-    assert list(files) == [tmp_path / "pods-0.json"] and len(files[tmp_path / "pods-0.json"]) == 3
-    assert _without(scrape, "file_sd_configs") == _without(rendered_scrape, "kubernetes_sd_configs")
+    jobs = ("pods", obs.SIDECAR_JOB)
+    assert [s["job_name"] for s in cfg["scrape_configs"]] == list(jobs)
+    paths = [tmp_path / f"{job}-0.json" for job in jobs]
+    assert list(files) == paths and all(len(files[p]) == 3 for p in paths)
+    for scrape, rendered_scrape, path in zip(
+        cfg["scrape_configs"], r.prometheus["scrape_configs"], paths, strict=True
+    ):
+        assert "kubernetes_sd_configs" not in scrape
+        assert scrape["file_sd_configs"] == [{"files": [str(path)]}]
+        assert _without(scrape, "file_sd_configs") == _without(
+            rendered_scrape, "kubernetes_sd_configs"
+        )
     assert cfg["alerting"]["alertmanagers"][0]["static_configs"] == [{"targets": [AM_LOCAL]}]
     assert cfg["rule_files"] == [str(tmp_path / "rules" / "*.yml")]
     assert "remote_write" not in cfg
@@ -387,3 +393,41 @@ def test_the_programs_rules_scale_to_minutes() -> None:
             assert transforms.seconds(a["for"]) * 60 == transforms.seconds(b["for"])
         for rng in re.findall(r"\[([0-9a-z]+)[\]:]", a["expr"]):
             assert transforms.seconds(rng) >= 20, (a, rng)
+
+
+def test_a_sidecars_named_port_is_a_target_of_its_workloads_pod() -> None:
+    """The scorer's pod declares its sidecar's ops port by name: the local model server's
+    target is that port of the scorer's local pod (the pod's annotations keep the scorer's own
+    port, so the pods job rewrites it to the scorer, one target), and the pod-sidecars job
+    keeps it, labelled with the container's name."""
+    from services.contracts import workloads
+
+    scorer = Pod(
+        "likes",
+        {obs.NAME_LABEL: "abuse-scorer"},
+        {**SCRAPED, "prometheus.io/port": "9100"},
+        {"abuse-scorer": {"metrics": 9100},
+         "abuse-model": {"grpc": 50051, workloads.SIDECAR_METRICS_PORT: 9101}},
+    )  # fmt: skip
+    r = _render()
+    r = Rendered(r.prometheus, r.rules, r.alertmanager, [*r.pods, scorer])
+    jobs = {
+        "abuse-scorer": ["127.0.0.1:8900"],
+        transforms.port_key("abuse-scorer", workloads.SIDECAR_METRICS_PORT): ["127.0.0.1:8902"],
+    }
+    by_target = {g["targets"][0]: g["labels"] for g in transforms.file_sd_groups(r, jobs, None)}
+    model = by_target["127.0.0.1:8902"]
+    assert model["__meta_kubernetes_pod_name"] == by_target["127.0.0.1:8900"][
+        "__meta_kubernetes_pod_name"
+    ]  # fmt: skip
+    assert model["__meta_kubernetes_pod_annotation_prometheus_io_port"] == "8900"
+    assert model["__meta_kubernetes_pod_container_name"] == "abuse-model"
+    assert model["__meta_kubernetes_pod_container_port_name"] == workloads.SIDECAR_METRICS_PORT
+    (job,) = [j for j in r.prometheus["scrape_configs"] if j["job_name"] == obs.SIDECAR_JOB]
+    keep, *labels = job["relabel_configs"]
+    assert re.fullmatch(keep["regex"], model[keep["source_labels"][0]])
+    assert {"source_labels": ["__meta_kubernetes_pod_container_name"],
+            "target_label": "workload"} in labels  # fmt: skip
+    # a port the pod does not declare is an error, not a silent skip
+    with pytest.raises(transforms.TransformError, match="declares no container port"):
+        transforms.file_sd_groups(r, {"abuse-scorer/nope": ["127.0.0.1:1"]}, None)
