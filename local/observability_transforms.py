@@ -21,7 +21,10 @@ program renders (local/rendered.py). Everything not listed runs as rendered.
    rule's `for`, every range in its PromQL (`[1h]`, `[5m:1m]`) and Alertmanager's group and
    repeat timers are divided by it. Scaling cannot go below what the data resolves: a range
    never shrinks under MIN_RANGE_SCRAPES scrape intervals (a rate needs samples to compare),
-   a subquery step never under the evaluation interval, a timer never under 1 s.
+   a subquery step never under the evaluation interval, a timer never under 1 s. A rule over
+   events slower than scrapes (SLOW_EVENTS_S: the canary judges one turn per convergence hold)
+   keeps its ranges at MIN_RANGE_EVENTS of those events: a 15 m ratio of the canary's turns
+   scaled to 20 s held no turn half the time, so CanaryDrift came and went during one drift.
 7. Prometheus: the scrape and evaluation intervals -> LOCAL_INTERVAL (5 s; rendered 15 s), so the
    floors of transform 6 are a third as long: a scaled rate window of 20 s, not 60 s, and an
    alert fires and resolves about 40 s sooner. Not scaled by TIME_SCALE: a scrape costs what it
@@ -41,6 +44,8 @@ import yaml
 
 from infra import observability as obs
 from local.observability_render import Pod, Rendered
+from services.contracts import convergence
+from services.contracts import metrics as metric_names
 
 
 class TransformError(Exception):
@@ -49,6 +54,10 @@ class TransformError(Exception):
 
 TIME_SCALE = 60  # transform 6: a rendered hour is a local minute
 MIN_RANGE_SCRAPES = 4
+MIN_RANGE_EVENTS = 2
+# rules (by record or alert name) whose ranges count events that come no faster than this: the
+# canary judges a turn once per convergence hold (services/canary: like or unlike, then the hold)
+SLOW_EVENTS_S: dict[str, float] = {metric_names.CANARY_DRIFT_RATIO: convergence.HOLD_S}
 LOCAL_INTERVAL = "5s"  # transform 7: scrape and rule evaluation
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -114,7 +123,9 @@ def rules(text: str, rendered_prometheus: Mapping[str, Any]) -> str:
         if "interval" in group:
             raise TransformError(f"group {group['name']}: a group interval is not scaled yet")
         for rule in group.get("rules") or []:
-            rule["expr"] = scaled_expr(str(rule["expr"]), min_range, min_step)
+            slow = SLOW_EVENTS_S.get(rule.get("record") or rule.get("alert"), 0.0)
+            floor = max(min_range, MIN_RANGE_EVENTS * slow)
+            rule["expr"] = scaled_expr(str(rule["expr"]), floor, min_step)
             for key in ("for", "keep_firing_for"):
                 if key in rule:
                     rule[key] = scaled(rule[key], 0.001)

@@ -395,6 +395,27 @@ def test_the_programs_rules_scale_to_minutes() -> None:
             assert transforms.seconds(rng) >= 20, (a, rng)
 
 
+def test_the_canary_drift_ratio_keeps_two_judged_turns_in_its_local_window() -> None:
+    """The canary judges one turn per convergence hold (28 s): its 15 m ratio scaled to the
+    20 s floor held no turn half the time, and CanaryDrift resolved in the middle of a drift.
+    Locally the ratio's ranges hold two holds; the error ratio (errors repeat every 2 s) and
+    every other rule keep the scrape floor."""
+    from infra import alert_rules
+    from services.contracts import convergence
+    from services.contracts import metrics as metric_names
+
+    text = alert_rules.render(alert_rules.rule_groups(alert_rules.default_slos()))
+    prom = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"}}
+    after = [r for g in yaml.safe_load(transforms.rules(text, prom))["groups"] for r in g["rules"]]
+    (drift,) = [r for r in after if r.get("record") == metric_names.CANARY_DRIFT_RATIO]
+    ranges = re.findall(r"\[([0-9a-z]+)\]", drift["expr"])
+    assert len(ranges) == 2, drift
+    assert all(transforms.seconds(r) >= 2 * convergence.HOLD_S for r in ranges), drift
+    failing = [r for r in after if r.get("alert") == alert_rules.CANARY_FAILING]
+    ranges = [x for r in failing for x in re.findall(r"\[([0-9a-z]+)\]", r["expr"])]
+    assert ranges == ["20s", "20s"], failing
+
+
 def test_a_sidecars_named_port_is_a_target_of_its_workloads_pod() -> None:
     """The scorer's pod declares its sidecar's ops port by name: the local model server's
     target is that port of the scorer's local pod (the pod's annotations keep the scorer's own
