@@ -91,6 +91,17 @@ def resolved(sink: str, since_s: float, now: float, current: set[str]) -> list[d
     return out
 
 
+def listing(alertmanager: str, sink: str, since_s: float) -> list[dict[str, Any]]:
+    """What `likes alerts --json` prints: the firing alerts, newest first, then those resolved
+    within `since_s` (none without a `sink`), newest first. httpx.HTTPError when either source
+    cannot be read."""
+    now_firing = firing(alertmanager)
+    current = {a["fingerprint"] for a in now_firing}
+    done = resolved(sink, since_s, time.time(), current) if sink else []
+    rows = sorted(now_firing, key=lambda a: a["started_at"] or "", reverse=True)
+    return rows + sorted(done, key=lambda a: a["ended_at"] or "", reverse=True)
+
+
 def _parse_since(value: str) -> float:
     from local import observability_transforms
 
@@ -122,14 +133,10 @@ def alerts(
     am_url = alertmanager or local_am
     sink_url = local_sink if sink is None else sink
     try:
-        now_firing = firing(am_url)
-        current = {a["fingerprint"] for a in now_firing}
-        done = resolved(sink_url, window, time.time(), current) if sink_url else []
+        rows = listing(am_url, sink_url, window)
     except httpx.HTTPError as e:
         err.print(f"[red]cannot read alerts:[/red] {e} (Alertmanager {am_url}, sink {sink_url})")
         raise typer.Exit(2) from None
-    rows = sorted(now_firing, key=lambda a: a["started_at"] or "", reverse=True)
-    rows += sorted(done, key=lambda a: a["ended_at"] or "", reverse=True)
     if as_json:
         print(json.dumps(rows))
         return
@@ -147,4 +154,4 @@ def alerts(
     console.print(table)
 
 
-__all__ = ["alerts", "firing", "resolved"]
+__all__ = ["alerts", "firing", "listing", "resolved"]

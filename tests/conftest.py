@@ -272,7 +272,10 @@ def stack() -> Iterator[Stack]:
 
 
 def _needs_stack(item: pytest.Item) -> bool:
-    return "stack" in getattr(item, "fixturenames", ())
+    """It uses the `stack` fixture (the infra tests' `stack` parameter is a Pulumi stack's
+    name: those need no local stack, and ran on the stack's worker, its critical path)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "stack" in getattr(item, "fixturenames", ()) and "stack" not in params
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

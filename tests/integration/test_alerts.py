@@ -6,6 +6,7 @@ transform 6); `likes alerts --json` is what the test reads."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -20,9 +21,12 @@ from typing import Any
 import httpx
 import redis
 
+from cli import alerts as cli_alerts
+from cli import runbook as runbook_cli
 from infra import alert_rules
 from infra import observability as obs
 from local import observability_render
+from local import observability_transforms as local_obs_transforms
 from local import transforms as local_transforms
 from local.components import gateway as gateway_local
 from local.components.observability import OtelCollector
@@ -39,7 +43,23 @@ Match = Callable[[dict[str, Any]], bool]
 
 
 def _alerts(stack: Stack) -> list[dict[str, Any]]:
-    return json.loads(stack.cli("alerts", "--json", "--since", "30m").stdout)
+    """What `likes alerts --json --since 30m` prints (cli/alerts.listing), read in this process:
+    the waits poll it every few seconds, and a CLI process costs ~2.5 s of CPU each time. The
+    CLI itself is run once, in the first test (_cli_lists)."""
+    ports = stack.layout.ports
+    return cli_alerts.listing(
+        f"http://{stack.host}:{ports.alertmanager}",
+        f"http://{stack.host}:{ports.webhook_sink}",
+        30 * 60,
+    )
+
+
+def _cli_lists(stack: Stack, alert: dict[str, Any]) -> None:
+    """`likes alerts --json` lists `alert` as the test's in-process read did."""
+    listed = json.loads(stack.cli("alerts", "--json", "--since", "30m").stdout)
+    same = [a for a in listed if a["fingerprint"] == alert["fingerprint"]]
+    assert same and same[0]["state"] == alert["state"], (alert, listed)
+    assert same[0]["runbook_url"] == alert["runbook_url"], same
 
 
 def _at(value: str) -> float:
@@ -54,7 +74,7 @@ def _wait(stack: Stack, what: str, match: Match, state: str, timeout: float) -> 
         hits = [a for a in seen if a["state"] == state and match(a)]
         if hits:
             return hits[0]
-        time.sleep(3)
+        time.sleep(2)
     names = [(a["name"], a["state"]) for a in seen]
     raise AssertionError(f"{what} not {state} within {timeout} s; alerts: {names}")
 
@@ -87,25 +107,46 @@ def _delivered(stack: Stack, receiver: str, name: str, status: str, after: float
     return False
 
 
+def _diagnosis(stack: Stack, alert: str, via_cli: bool = False) -> tuple[int, dict[str, Any]]:
+    """`likes runbook diagnose ALERT --json`: its exit status (1: a check found trouble) and its
+    one result. Read in this process (cli/runbook.diagnose_alert against the stack's Prometheus,
+    time-scaled as the CLI's local default is) unless `via_cli`: a CLI process costs seconds of
+    CPU, and the tests below ask some thirty times."""
+    if via_cli:
+        proc = stack.cli("runbook", "diagnose", alert, "--json", check=False)
+        assert proc.returncode in (0, 1), proc.stderr
+        ((result,),) = [json.loads(proc.stdout)]
+        return proc.returncode, result
+    rendered = _rendered_prometheus(stack.layout.stack)
+    result = runbook_cli.diagnose_alert(
+        alert, stack.prometheus_url, lambda q: local_obs_transforms.query(q, rendered)
+    )
+    return int(any(c["verdict"] == "trouble" for c in result["checks"])), result
+
+
+@functools.cache
+def _rendered_prometheus(stack_name: str) -> dict[str, Any]:
+    return observability_render.load(stack_name).prometheus
+
+
 def _diagnosis_sees_trouble(stack: Stack, alert: str) -> None:
     """While ALERT fires, `likes runbook diagnose ALERT` finds the trouble: at least one check
     of its runbook says so (printed for the notes: what on-call would read)."""
-    proc = stack.cli("runbook", "diagnose", alert, "--json", check=False)
-    ((result,),) = [json.loads(proc.stdout or "null")]
+    code, result = _diagnosis(stack, alert)
     troubles = [(c["check"], c["readings"]) for c in result["checks"] if c["verdict"] == "trouble"]
-    assert proc.returncode == 1 and troubles, (alert, result["checks"])
+    assert code == 1 and troubles, (alert, result["checks"])
     for check, readings in troubles:
         print(f"diagnose {alert}: {check} -> {'; '.join(readings)}")
 
 
-def _diagnosed(stack: Stack, alert: str, metric: str) -> tuple[int, dict[str, Any]]:
+def _diagnosed(
+    stack: Stack, alert: str, metric: str, via_cli: bool = False
+) -> tuple[int, dict[str, Any]]:
     """`likes runbook diagnose ALERT --json`: its exit status and its check that reads
     `metric` (the verdict and readings on-call would see)."""
-    proc = stack.cli("runbook", "diagnose", alert, "--json", check=False)
-    assert proc.returncode in (0, 1), proc.stderr
-    ((result,),) = [json.loads(proc.stdout)]
+    code, result = _diagnosis(stack, alert, via_cli)
     (check,) = [c for c in result["checks"] if metric in c["promql"]]
-    return proc.returncode, check
+    return code, check
 
 
 def test_hung_worker_loops_page_through_their_alerts_and_all_resolve(stack: Stack) -> None:
@@ -131,8 +172,8 @@ def test_hung_worker_loops_page_through_their_alerts_and_all_resolve(stack: Stac
         alert_rules.AGGREGATOR_STALLED: metric_names.AGGREGATOR_LOOP_TIMESTAMP,
         alert_rules.OUTBOX_RELAY_HUNG: metric_names.OUTBOX_RELAY_LOOP_TIMESTAMP,
     }
-    for alert, metric in loops.items():
-        assert _diagnosed(stack, alert, metric)[1]["verdict"] == "ok", alert
+    for alert, metric in loops.items():  # once through the CLI itself
+        assert _diagnosed(stack, alert, metric, via_cli=True)[1]["verdict"] == "ok", alert
 
     def answers(name: str) -> Callable[[], bool]:
         def ok() -> bool:
@@ -151,6 +192,7 @@ def test_hung_worker_loops_page_through_their_alerts_and_all_resolve(stack: Stac
         fired = _wait(stack, "AggregatorStalled", stalled, "firing", 240)
         assert _at(fired["started_at"]) > injected
         assert fired["runbook_url"] == "runbooks/aggregator-stalled.md"
+        _cli_lists(stack, fired)
         relay = _wait(stack, "OutboxRelayHung", relay_hung, "firing", 240)
         assert _at(relay["started_at"]) > injected
         assert relay["runbook_url"] == "runbooks/outbox-relay-hung.md"
@@ -246,7 +288,7 @@ def _quiet(stack: Stack, what: str, match: Match, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while active():
         assert time.monotonic() < deadline, f"{what} still pending or firing before the test"
-        time.sleep(3)
+        time.sleep(2)
 
 
 def _all_fire_and_resolve(
@@ -666,9 +708,9 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
     deadline = time.monotonic() + 120
     while _query(stack, f"max({metric_names.CONSUMER_LAG_SECONDS}) or vector(0)") > 30:
         assert time.monotonic() < deadline, "a partition lags on after the commits came back"
-        time.sleep(3)
+        time.sleep(2)
     # and it holds: a lag that only dipped would be growing again within a few scrapes
     hold = time.monotonic() + 20
     while time.monotonic() < hold:
         assert _query(stack, f"max({metric_names.CONSUMER_LAG_SECONDS})") <= 30
-        time.sleep(3)
+        time.sleep(2)
