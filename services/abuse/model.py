@@ -41,17 +41,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import joblib
 import numpy as np
-import sklearn
-from sklearn.calibration import CalibratedClassifierCV
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import GroupKFold
 
 from services.abuse import features, generator
+
+if TYPE_CHECKING:
+    from sklearn.calibration import CalibratedClassifierCV
+
+# scikit-learn (and joblib) are imported where a model is fitted, scored or loaded: the `likes`
+# CLI imports this module for every command, and sklearn alone took ~1 s of each one's start
 
 # The direction each feature may move P(bot), all else equal (+1 up, -1 down; unlisted: either).
 # Without them the booster carved narrow bands out of the account age where a few generated rings'
@@ -155,6 +155,10 @@ def split(ds: Dataset, params: TrainParams) -> dict[str, Dataset]:
 
 
 def fit(train: Dataset, params: TrainParams) -> CalibratedClassifierCV:
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.model_selection import GroupKFold
+
     base = HistGradientBoostingClassifier(
         max_iter=params.max_iter,
         learning_rate=params.learning_rate,
@@ -264,6 +268,8 @@ def evaluate(model: Model, ds: Dataset, bins: int = 10) -> Evaluation:
     """Precision, recall and ROC AUC at the model's threshold on `ds`, and its calibration:
     in each of `bins` equal bins of predicted probability, the mean prediction against the share
     of bots."""
+    from sklearn.metrics import roc_auc_score
+
     p = model.probabilities(ds.X)
     flagged = p >= model.threshold
     tp = int(np.sum(flagged & ds.y))
@@ -324,6 +330,8 @@ Progress = Callable[[str], None]
 def train(params: TrainParams = TrainParams(), progress: Progress | None = None) -> Model:
     """Generate, featurize, split, fit, choose the threshold and evaluate on the held-out users:
     a model to `save` (its meta holds the metrics)."""
+    import sklearn
+
     say = progress or (lambda _stage: None)
     started = time.monotonic()
     say("generating traffic")
@@ -385,6 +393,8 @@ def _write_atomically(path: Path, text: str) -> None:
 def save(model: Model, directory: Path, make_current: bool = True) -> Path:
     """Write `<directory>/<version>/{model.joblib,meta.json}` (whole or not at all) and point
     `current` at it."""
+    import joblib
+
     directory.mkdir(parents=True, exist_ok=True)
     base, n = model.version, 1
     while (directory / model.version).exists():  # trained twice within a second: never overwrite
@@ -432,6 +442,9 @@ def versions(directory: Path) -> list[dict[str, Any]]:
 
 def load(directory: Path, version: str | None = None) -> Model:
     """The named version, or the current one."""
+    import joblib
+    import sklearn
+
     version = version or current_version(directory)
     if version is None:
         raise NoModel(f"no current abuse model in {directory}: train one (`likes abuse train`)")
