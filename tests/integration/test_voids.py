@@ -5,6 +5,8 @@ counts must converge to the non-void liked edges (invariant 6), whatever the ord
 from __future__ import annotations
 
 import json
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -15,7 +17,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from services.abuse import voids
 from services.client import LikesClient, RetryableStatus
-from services.contracts import clients, degrade, events, keys
+from services.contracts import clients, degrade, events, keys, workloads
 from services.write.core import Publisher
 from tests.conftest import Stack
 from tests.integration.test_data_path import converge, liked_edges
@@ -148,22 +150,30 @@ def test_voids_and_unvoids_keep_counts_equal_to_the_non_void_edges(
 def a_burst_voided_in_batches(
     stack: Stack, api: LikesClient, cql: Session, voider: voids.Voider
 ) -> dict[str, int]:
-    """A bot's burst: one user likes VOID_BATCH + 2 posts (each liked by a bystander too), and
-    takes the last like back before the scorer gets to it. `void_many` writes the first
+    """A bot's burst: one user likes VOID_BATCH + 2 posts (each liked by a user of its own too),
+    and takes the last like back before the scorer gets to it. `void_many` writes the first
     VOID_BATCH voids as one conditional batch (one write timestamp for all their edges); the
     second chunk's batch fails on the unliked edge, so each of its voids answers for itself.
-    Returns the posts and the counts they must converge to."""
+    The stack's own scorer is paused meanwhile (SIGSTOP): it would void the burst with its
+    model first. Returns the posts and the non-void liked edges their counts must reach (the
+    scorer judges the backlog once resumed)."""
     tag = uuid.uuid4().hex[:8]
     region = stack.settings().region
-    bot, bystander = f"u-burst-{tag}", f"u-burst-by-{tag}"
+    bot = f"u-burst-{tag}"
     posts = [f"burst-{i}-{tag}" for i in range(voids.VOID_BATCH + 2)]
-    intents = [like(stack, api, bot, p) for p in posts]
-    for p in posts:
-        like(stack, api, bystander, p)
-    like(stack, api, bot, posts[-1], "unlike")
-    results = voider.void_many(
-        [(like_event(bot, p, i, region), 0.99) for p, i in zip(posts, intents, strict=True)], MODEL
-    )
+    others = [(f"u-burst-by-{i}-{tag}", p) for i, p in enumerate(posts)]  # one like each: human
+    scorer = int(stack.status()[workloads.ABUSE_SCORER.name]["pid"])
+    os.kill(scorer, signal.SIGSTOP)
+    try:
+        intents = [like(stack, api, bot, p) for p in posts]
+        for user, p in others:
+            like(stack, api, user, p)
+        like(stack, api, bot, posts[-1], "unlike")
+        burst = [(like_event(bot, p, i, region), 0.99) for p, i in zip(posts, intents, strict=True)]
+        results = voider.void_many(burst, MODEL)
+        again = voider.void_many(burst, MODEL)  # a replay (a scorer crashed before its commit)
+    finally:
+        os.kill(scorer, signal.SIGCONT)
     reasons = [r.reason for r in results if isinstance(r, voids.Result)]
     assert reasons == ["voided"] * (len(posts) - 1) + ["not-liked"], results
     assert all(r.published for r in results[:-1] if isinstance(r, voids.Result)), results
@@ -177,13 +187,13 @@ def a_burst_voided_in_batches(
     }
     assert len({stamps[p] for p in posts[: voids.VOID_BATCH]}) == 1, stamps  # one batch
     assert stamps[posts[voids.VOID_BATCH]] != stamps[posts[0]], stamps  # the fallback, alone
-    again = voider.void_many(
-        [(like_event(bot, p, i, region), 0.99) for p, i in zip(posts, intents, strict=True)], MODEL
-    )  # a replay (the scorer crashed before its commit): nothing is voided twice
+    # nothing is voided twice: the replay finds its own voids
     assert [r.reason for r in again if isinstance(r, voids.Result)] == ["replayed"] * (
         len(posts) - 1
     ) + ["not-liked"], again
-    return {p: 1 for p in posts}  # the bystander's like; the bot's are void or taken back
+    truth = liked_edges(cql, [(bot, p) for p in posts] + others)
+    assert all(truth[p] <= 1 for p in posts), truth  # the bot's likes are void or taken back
+    return {p: truth[p] for p in posts}
 
 
 def void_before_its_like(stack: Stack, api: LikesClient) -> str:
