@@ -13,13 +13,17 @@ method's own recovery step, for the servers it broke.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 from typing import Any
 
+import httpx
+
 from chaos import kafka_faults, traffic
 from local import components, layout, supervisor, transforms
+from local.components import toxiproxy
 
 log = logging.getLogger("chaos.actions")
 
@@ -32,9 +36,30 @@ def stack_supervisor() -> supervisor.Supervisor:
     its cache, takes seconds; experiments call it several times)."""
     global _sup
     lay = layout.from_env()
-    if _sup is None or _sup.layout.home != lay.home or _sup.layout.ports != lay.ports:
+    if _sup is None or _sup.layout != lay:
         _sup = supervisor.Supervisor(lay, components.build(lay, strict=True))
     return _sup
+
+
+def use_profile(faults: bool) -> bool:
+    """Bring the stack up in (or out of) the --faults profile, as `likes local down` then
+    `likes local up --faults` (or --no-faults) would: every server restarts on its data, since
+    the nodes announce other addresses. Returns whether anything changed (a no-op when the
+    stack already runs that profile)."""
+    global _sup
+    sup = stack_supervisor()
+    if sup.layout.faults == faults:
+        return False
+
+    def report(name: str, msg: str) -> None:
+        log.info("%s: %s", name, msg)
+
+    sup.down(report)
+    lay = dataclasses.replace(sup.layout, faults=faults)
+    layout.record_profile(lay)
+    _sup = supervisor.Supervisor(lay, components.build(lay, strict=True))
+    _up(_sup, list(_sup.components))
+    return True
 
 
 def _names(sup: supervisor.Supervisor, servers: list[str]) -> list[str]:
@@ -111,10 +136,16 @@ def shard_of(component: str, key: str) -> tuple[str, str | None]:
     from local.components import redis as local_redis
 
     sup = stack_supervisor()
+    lay = sup.layout
     by_address = {s.address: n for n, (c, s) in sup.all_servers().items() if c.name == component}
     if not by_address:
         raise ValueError(f"{component!r} is not a Redis Cluster of the local stack")
-    lay = sup.layout
+    # the nodes name each other by the address they announce (a proxy's in the --faults profile)
+    by_announced = {
+        f"{host}:{lay.announced(int(port))}": n
+        for a, n in by_address.items()
+        for host, port in [a.rsplit(":", 1)]
+    }
     last: Exception | None = None
     for address in sorted(by_address):
         try:
@@ -138,7 +169,7 @@ def shard_of(component: str, key: str) -> tuple[str, str | None]:
         replica = next(
             (a for a, n in live.items() if n["master_id"] == live[primary]["node_id"]), None
         )
-        return by_address[primary], None if replica is None else by_address[replica]
+        return by_announced[primary], None if replica is None else by_announced[replica]
     raise RuntimeError(f"no node of {component} answers: {last}")
 
 
@@ -181,9 +212,13 @@ def restart(servers: list[str]) -> list[str]:
 
 
 def up() -> list[str]:
-    """Undo every process fault: SIGCONT to every recorded server, then start whatever is not
-    running and wait until it answers (`likes local up`, minus its render when nothing is down)."""
+    """Undo every fault: SIGCONT to every recorded server, every toxic removed and every proxy
+    enabled (the --faults profile), then start whatever is not running and wait until it answers
+    (`likes local up`, minus its render when nothing is down)."""
     sup = stack_supervisor()
+    if sup.layout.faults:
+        with contextlib.suppress(httpx.HTTPError):  # Toxiproxy itself down: started below
+            toxiproxy.reset(sup.layout)
     for e in sup.running().values():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(e.pid, signal.SIGCONT)
@@ -203,6 +238,73 @@ def _up(sup: supervisor.Supervisor, comps: list[str]) -> list[str]:
     if unhealthy:
         raise RuntimeError(f"not answering after the restart: {unhealthy}")
     return started
+
+
+# --- network faults (the --faults profile) --------------------------------------------------
+
+TOXIC = "game-day"  # the name of every toxic an experiment adds (one per proxy and direction)
+
+
+def _toxiproxy_config() -> dict[str, Any]:
+    """chaostoolkit-toxiproxy's configuration for the stack's Toxiproxy."""
+    sup = stack_supervisor()
+    if not sup.layout.faults:
+        raise RuntimeError(
+            "this experiment needs the --faults profile (likes local up --faults); "
+            "`likes chaos run` switches to it for the experiments that declare it"
+        )
+    import logzero  # chaostoolkit-toxiproxy's logger: its debug lines are not the run's output
+
+    logzero.loglevel(logging.WARNING)
+    return {"toxiproxy_url": toxiproxy.api_url(sup.layout)}
+
+
+def _proxies(servers: list[str]) -> list[str]:
+    sup = stack_supervisor()
+    proxied = sup.layout.proxies()
+    out = [n for n in _names(sup, servers) if n in proxied]
+    if not out:
+        raise ValueError(f"none of {servers} is behind a proxy; proxied: {sorted(proxied)}")
+    return out
+
+
+def add_toxic(
+    servers: list[str],
+    toxic_type: str,
+    attributes: dict[str, Any] | None = None,
+    stream: str = "downstream",
+) -> list[str]:
+    """A Toxiproxy toxic (chaostoolkit-toxiproxy's create_toxic) on the proxy of each server
+    (or of each server of a component): `latency` {latency, jitter} in ms, `timeout` {timeout:
+    0} for a partition (the connection stays open, nothing comes back), `bandwidth`, ... One
+    toxic per proxy and stream, named TOXIC; `up` removes them all."""
+    from chaostoxi.toxic import actions as toxics
+
+    config = _toxiproxy_config()
+    names = _proxies(servers)
+    traffic.mark(f"{toxic_type} {' '.join(servers)}")
+    for name in names:
+        if not toxics.create_toxic(
+            for_proxy=name, toxic_name=f"{TOXIC}-{stream}", toxic_type=toxic_type,
+            stream=stream, attributes=attributes or {}, configuration=config,
+        ):  # fmt: skip
+            raise RuntimeError(f"toxiproxy refused the {toxic_type} toxic on {name}")
+    return names
+
+
+def remove_toxics(servers: list[str]) -> list[str]:
+    """Remove the toxics `add_toxic` put on these servers' proxies (both streams); idempotent."""
+    from chaostoxi.toxic import actions as toxics
+
+    config = _toxiproxy_config()
+    names = _proxies(servers)
+    for name in names:
+        for stream in ("downstream", "upstream"):
+            toxics.delete_toxic(
+                for_proxy=name, toxic_name=f"{TOXIC}-{stream}", configuration=config
+            )
+    traffic.mark(f"recovered {' '.join(servers)}")
+    return names
 
 
 # --- data and control-plane faults ----------------------------------------------------------

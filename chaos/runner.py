@@ -47,13 +47,36 @@ class Result:
 
 
 def run(
-    mode_id: str, journal_dir: Path | None = None, experiment: dict[str, Any] | None = None
+    mode_id: str,
+    journal_dir: Path | None = None,
+    experiment: dict[str, Any] | None = None,
+    restore_profile: bool = True,
 ) -> Result:
-    """Run the mode's experiment (chaos/experiments/<id>.json), or `experiment` under its id."""
-    from chaoslib.experiment import run_experiment
-
+    """Run the mode's experiment (chaos/experiments/<id>.json), or `experiment` under its id.
+    A mode of the faults profile (its catalog entry's `profile: faults`) first brings the stack
+    up in it when it runs without, and with `restore_profile` brings it back after: the stack
+    is left as it was found (a game day switches once and restores at its end)."""
     if experiment is None:
         experiment = catalog.experiment(mode_id)
+    switched = needs_faults(mode_id) and actions.use_profile(True)
+    try:
+        return _run(mode_id, journal_dir, experiment)
+    finally:
+        if switched and restore_profile:
+            actions.use_profile(False)
+
+
+def needs_faults(mode_id: str) -> bool:
+    """The mode's experiment needs the --faults profile (Toxiproxy in front of the nodes)."""
+    try:
+        return catalog.mode(mode_id).profile == "faults"
+    except KeyError:  # a test's own experiment under an id of its own
+        return False
+
+
+def _run(mode_id: str, journal_dir: Path | None, experiment: dict[str, Any]) -> Result:
+    from chaoslib.experiment import run_experiment
+
     traffic.end()
     traffic._current = None  # each run measures its own traffic
     probes.last.clear()

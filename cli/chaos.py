@@ -74,11 +74,14 @@ def run(
     """Run one experiment: traffic through the gateway, the fault, the rollbacks (always), then
     the invariants checked against the stores. Exit 0 when it passed, 1 when it deviated or an
     activity failed, 2 when it cannot run, 130 on Ctrl-C (the traffic stops and the stack is
-    rolled back first). Mutates the stack: run it on a stack you can break.
+    rolled back first). Mutates the stack: run it on a stack you can break. A network fault's
+    experiment needs the faults profile (Toxiproxy): a stack without it is brought up in it for
+    the run and back after.
 
     With --target k8s it deletes the production pods the local fault stands for (asking first,
     unless --yes) and checks they run again; the users' traffic and the SLO alerts do the rest."""
     from chaos import catalog, runner
+    from local import layout
 
     if target not in TARGETS:
         err.print(f"[red]error:[/] unknown --target {target!r}; supported: {', '.join(TARGETS)}")
@@ -103,6 +106,9 @@ def run(
     else:
         if not json_out:
             console.print(f"running {mode_id} against the local stack ... (Ctrl-C rolls back)")
+            if runner.needs_faults(mode_id) and not layout.from_env().faults:
+                console.print("it needs the faults profile: every server restarts in it now, "
+                              "and once more after the run (as the stack was)")  # fmt: skip
         try:
             result = runner.run(mode_id, journal_dir)
         except KeyboardInterrupt:
@@ -160,7 +166,8 @@ def gameday(
     write a journal per experiment and one report (report.md with plots/, report.html). Exit 0
     when all passed, 1 when any deviated or failed, 2 when an id is unknown. Ctrl-C stops the
     traffic, rolls the stack back and writes the report of what ran."""
-    from chaos import catalog, report, runner
+    from chaos import actions, catalog, report, runner
+    from local import layout
 
     runnable = [m.id for m in catalog.modes() if m.enactable and m.has_experiment]
     wanted = [i.strip() for o in only or [] for i in o.split(",") if i.strip()]
@@ -169,15 +176,20 @@ def gameday(
         err.print(f"[red]error:[/] no experiment for {', '.join(unknown)}; "
                   f"runnable: {', '.join(runnable)}")  # fmt: skip
         raise typer.Exit(2)
-    ids = [i for i in runnable if not wanted or i in wanted]
+    # the faults profile's experiments last: the stack switches to it once (a restart of every
+    # server) and back to what it was at the end
+    ids = sorted((i for i in runnable if not wanted or i in wanted), key=runner.needs_faults)
+    found = layout.from_env().faults
     results: list[runner.Result] = []
     interrupted = False
     try:
         for n, mode_id in enumerate(ids, 1):
             if not json_out:
+                if runner.needs_faults(mode_id) and not layout.from_env().faults:
+                    console.print("switching to the faults profile (every server restarts)")
                 console.print(f"[{n}/{len(ids)}] {mode_id} ...")
             try:
-                r = runner.run(mode_id, out / "journals")
+                r = runner.run(mode_id, out / "journals", restore_profile=False)
             except runner.Interrupted as stopped:
                 results.append(stopped.result)  # the report shows it, verdict failed
                 raise
@@ -188,6 +200,12 @@ def gameday(
     except KeyboardInterrupt:
         interrupted = True
         err.print("[yellow]interrupted:[/] traffic stopped, stack rolled back; reporting what ran")
+    finally:
+        if layout.from_env().faults != found:
+            if not json_out:
+                way = "back to" if found else "out of"
+                console.print(f"switching the stack {way} the faults profile")
+            actions.use_profile(found)
     md, page = report.write(results, out)
     if json_out:
         print(json.dumps({**report.summary(results), "report": str(md), "html": str(page)}))

@@ -28,8 +28,9 @@ def _supervisor(
     stack: str | None = None,
     strict: bool = False,
     tls: bool | None = None,
+    faults: bool | None = None,
 ) -> supervisor.Supervisor:
-    lay = layout.from_env(kafka_brokers, stack, tls)
+    lay = layout.from_env(kafka_brokers, stack, tls, faults)
     return supervisor.Supervisor(lay, components.build(lay, strict=strict))
 
 
@@ -81,6 +82,16 @@ def up(
             "with (plaintext for a new one).",
         ),
     ] = None,
+    faults: Annotated[
+        bool | None,
+        typer.Option(
+            "--faults/--no-faults",
+            help="The game days' network profile: every Redis Cluster node, Kafka broker and "
+            "the Cassandra node is reached through its own Toxiproxy proxy, which the servers "
+            "announce, so `likes chaos` can add latency or cut a node off. Default: what the "
+            "stack was last started with (off for a new one); benchmarks run without it.",
+        ),
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the final status as JSON.")
     ] = False,
@@ -118,10 +129,22 @@ def up(
             f"run `likes local down` before starting it {now}"
         )
         raise typer.Exit(2)
+    recorded_faults = layout.recorded_faults(lay.home)
+    if (
+        faults is not None
+        and faults != bool(recorded_faults)
+        and _supervisor(stack=lay.stack).running()
+    ):
+        err.print(
+            f"[red]error:[/] this stack ({lay.home}) is running "
+            f"{'with' if recorded_faults else 'without'} the faults profile; "
+            f"run `likes local down` before starting it {'with' if faults else 'without'} it"
+        )
+        raise typer.Exit(2)
     if not rendered.cache_path(lay.stack).exists():
         console.print(f"rendering the {lay.stack} stack of the Pulumi program (mocks)…")
     try:
-        sup = _supervisor(kafka_brokers or recorded, lay.stack, strict=True, tls=tls)
+        sup = _supervisor(kafka_brokers or recorded, lay.stack, strict=True, tls=tls, faults=faults)
     except transforms.Disagreement as e:
         err.print(
             f"[red]error:[/] the program and the code disagree: workload [bold]{e.workload}[/], "

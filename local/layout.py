@@ -221,6 +221,29 @@ class Ports:
     def webhook_sink(self) -> int:
         return self._p(9095)  # where the local Alertmanager's receivers post
 
+    # The --faults profile: Toxiproxy's API, and one proxy per node that clients reach after
+    # bootstrap (the nodes announce these; Layout.proxies). Reserved in every profile, so a
+    # stack switched to it never lands on another stack's port.
+    @property
+    def toxiproxy(self) -> int:
+        return self._p(8474)
+
+    @property
+    def count_cache_proxies(self) -> list[int]:
+        return [self._p(7301 + i) for i in range(6)]
+
+    @property
+    def idem_store_proxies(self) -> list[int]:
+        return [self._p(6490 + i) for i in range(6)]
+
+    @property
+    def kafka_broker_proxies(self) -> list[int]:
+        return [self._p(29292 + i) for i in range(3)]
+
+    @property
+    def cassandra_native_proxy(self) -> int:
+        return self._p(9142)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -233,6 +256,32 @@ class Layout:
     # the --tls profile: etcd, Kafka, Cassandra and the registry serve TLS from a local CA, as
     # the program's servers do (local/tls.py); off: plaintext (quick starts, benchmarks)
     tls: bool = False
+    # the --faults profile: every Redis Cluster node, Kafka broker and the Cassandra node is
+    # reached through its own Toxiproxy proxy (local/components/toxiproxy.py), which the
+    # servers announce, so the game days' network faults reach what clients really connect to
+    faults: bool = False
+
+    def proxies(self) -> dict[str, tuple[int, int]]:
+        """The --faults profile's proxies: the proxied server's name (as `likes local status`
+        lists it) -> (the port the proxy listens on, the server's own port)."""
+        p = self.ports
+        out: dict[str, tuple[int, int]] = {}
+        for name, listens, upstreams in (
+            ("count-cache", p.count_cache_proxies, p.count_cache),
+            ("idem-store", p.idem_store_proxies, p.idem_store),
+            ("kafka", p.kafka_broker_proxies[: self.kafka_brokers], p.kafka_brokers),
+        ):
+            for i, (listen, upstream) in enumerate(zip(listens, upstreams, strict=False)):
+                out[f"{name}-{i + 1}"] = (listen, upstream)
+        out["cassandra"] = (p.cassandra_native_proxy, p.cassandra_native)
+        return out
+
+    def announced(self, port: int) -> int:
+        """The port a server tells its clients to use for its own `port`: its proxy's in the
+        --faults profile, else the port itself."""
+        if not self.faults:
+            return port
+        return {upstream: listen for listen, upstream in self.proxies().values()}.get(port, port)
 
     @property
     def data(self) -> Path:
@@ -289,7 +338,10 @@ def default_home(stack: str) -> Path:
 
 
 def from_env(
-    kafka_brokers: int | None = None, stack: str | None = None, tls: bool | None = None
+    kafka_brokers: int | None = None,
+    stack: str | None = None,
+    tls: bool | None = None,
+    faults: bool | None = None,
 ) -> Layout:
     """The stack named by LIKES_HOME / LIKES_PORT_OFFSET (and LIKES_STACK); what an existing
     stack was created with (broker count, Pulumi stack) wins over defaults, so `status` and
@@ -307,7 +359,12 @@ def from_env(
     stack = stack or str(profile.get("stack") or DEFAULT_STACK)
     if tls is None:
         tls = bool(profile.get("tls", False))
-    return Layout(home=home, ports=Ports(offset), kafka_brokers=kafka_brokers, stack=stack, tls=tls)
+    if faults is None:
+        faults = bool(profile.get("faults", False))
+    return Layout(
+        home=home, ports=Ports(offset), kafka_brokers=kafka_brokers, stack=stack, tls=tls,
+        faults=faults,
+    )  # fmt: skip
 
 
 def recorded_brokers(home: Path) -> int | None:
@@ -327,10 +384,20 @@ def recorded_tls(home: Path) -> bool | None:
     return None if value is None else bool(value)
 
 
+def recorded_faults(home: Path) -> bool | None:
+    value = _profile(home).get("faults")
+    return None if value is None else bool(value)
+
+
 def record_profile(layout: Layout) -> None:
     layout.home.mkdir(parents=True, exist_ok=True)
     (layout.home / PROFILE).write_text(
         json.dumps(
-            {"kafka_brokers": layout.kafka_brokers, "stack": layout.stack, "tls": layout.tls}
+            {
+                "kafka_brokers": layout.kafka_brokers,
+                "stack": layout.stack,
+                "tls": layout.tls,
+                "faults": layout.faults,
+            }
         )
     )

@@ -106,5 +106,18 @@ else
   mkdir -p .cache/bin
   GOBIN="$PWD/.cache/bin" go install "$rl_module/src/service_cmd@$rl_version"
 fi
+# 6. Toxiproxy, the --faults profile's proxies (local/components/toxiproxy.py pins the version),
+#    into its own repo-local GOBIN; skipped when that exact version is installed.
+tp_version=$(.venv/bin/python -c 'from local.components import toxiproxy as t; print(t.VERSION)')
+tp_module=$(.venv/bin/python -c 'from local.components import toxiproxy as t; print(t.MODULE)')
+tp_bin=.cache/toxiproxy/server
+if [ -x "$tp_bin" ] && go version -m "$tp_bin" 2>/dev/null \
+    | grep -qE "^[[:space:]]+mod[[:space:]]+$tp_module[[:space:]]+$tp_version[[:space:]]"; then
+  say "toxiproxy $tp_version present"
+else
+  say "building toxiproxy $tp_module@$tp_version"
+  mkdir -p .cache/toxiproxy
+  GOBIN="$PWD/.cache/toxiproxy" go install "$tp_module/cmd/server@$tp_version"
+fi
 wait "$collector_build" || { echo "local/setup.sh: the collector build failed" >&2; exit 1; }
 say "setup done"

@@ -240,7 +240,8 @@ def _addresses(layout: Layout) -> dict[str, str | None]:
         "count_cache_nodes": ",".join(f"{HOST}:{x}" for x in p.count_cache[:3]),
         "idem_store_nodes": ",".join(f"{HOST}:{x}" for x in p.idem_store),
         "cassandra_hosts": HOST,
-        "cassandra_port": str(p.cassandra_native),
+        # the one node is its own contact point: its proxy's in the --faults profile
+        "cassandra_port": str(layout.announced(p.cassandra_native)),
         "cassandra_local_dc": "datacenter1",  # SimpleSnitch's only datacenter
         "kafka_bootstrap": kafka.bootstrap_servers(layout),
         "schema_registry_url": schema_registry.url(layout),

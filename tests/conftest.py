@@ -245,8 +245,12 @@ def stack() -> Iterator[Stack]:
     # the TLS profile: every test talks to etcd, Kafka, Cassandra and the registry over TLS,
     # as the program's clients do (LIKES_TEST_TLS=0: plaintext, to compare)
     profile = "--no-tls" if os.environ.get("LIKES_TEST_TLS") == "0" else "--tls"
+    # and the faults profile: every Redis Cluster node, broker and the Cassandra node behind its
+    # own Toxiproxy proxy, announced to the clients, so the game day's network faults run here
+    # (LIKES_TEST_FAULTS=0: the nodes' own ports, as the benchmarks run)
+    faults = "--no-faults" if os.environ.get("LIKES_TEST_FAULTS") == "0" else "--faults"
     first = subprocess.run(
-        [LIKES, "local", "up", profile, "--json"],
+        [LIKES, "local", "up", profile, faults, "--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -260,6 +264,7 @@ def stack() -> Iterator[Stack]:
         kafka_brokers=brokers,
         stack=layout.recorded_stack(home) or layout.DEFAULT_STACK,
         tls=bool(layout.recorded_tls(home)),
+        faults=bool(layout.recorded_faults(home)),
     )
     s = Stack(layout=lay, env=env, first_up=first)
     if first.returncode != 0:

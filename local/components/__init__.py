@@ -24,6 +24,7 @@ def build(layout: Layout, strict: bool = True) -> list[Component]:
         redis,
         schema_registry,
         services,
+        toxiproxy,
     )
     from services.contracts import workloads
 
@@ -39,6 +40,8 @@ def build(layout: Layout, strict: bool = True) -> list[Component]:
     comps: list[Component] = [
         etcd.Etcd(layout),
         observability.OtelCollector(layout),  # before every workload that exports spans
+        # the --faults profile: the proxies come first, the nodes behind them announce them
+        *([toxiproxy.Toxiproxy(layout)] if layout.faults else []),
         redis.IdemStore(layout),
         redis.CountCache(layout),
         redis.Exporter(layout),

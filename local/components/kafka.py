@@ -244,7 +244,11 @@ class Kafka(Component):
                 f"CLIENT://{HOST}:{self._broker_port(node)},"
                 f"CONTROLLER://{HOST}:{self._controller_port(node)}"
             ),
-            "advertised.listeners": f"CLIENT://{HOST}:{self._broker_port(node)}",
+            # the --faults profile announces the broker's proxy: clients and replica fetchers
+            # then reach it through Toxiproxy (local/components/toxiproxy.py)
+            "advertised.listeners": (
+                f"CLIENT://{HOST}:{self.layout.announced(self._broker_port(node))}"
+            ),
             # clients and replication log in (SCRAM); the controllers' quorum is loopback-only
             "listener.security.protocol.map": (
                 f"CLIENT:{kafka_contract.protocol(self.layout.tls)},CONTROLLER:PLAINTEXT"

@@ -104,12 +104,22 @@ class _Cluster(Component):
                         "cluster-config-file nodes.conf",
                         f"cluster-node-timeout {CLUSTER_NODE_TIMEOUT_MS}",
                         *redis_infra.CLUSTER_AVAILABILITY,
+                        *self.announce_lines(port),
                         *self.conf_lines(port),
                         *auth_lines(self.layout),
                         "",
                     ]
                 )
             )
+
+    def announce_lines(self, port: int) -> list[str]:
+        """The --faults profile: clients (and replicas) are sent to the node's proxy by
+        CLUSTER SLOTS, MOVED and CLUSTER NODES; the bus stays direct (the port's own + 10000,
+        said explicitly: it would otherwise follow the announced port)."""
+        announced = self.layout.announced(port)
+        if announced == port:
+            return []
+        return [f"cluster-announce-port {announced}", f"cluster-announce-bus-port {port + 10000}"]
 
     def bootstrap(self) -> None:
         ports = self.ports()

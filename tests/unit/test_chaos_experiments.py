@@ -15,7 +15,8 @@ from chaos import catalog
 from cli.main import app
 
 EXPERIMENTS = sorted(p.stem for p in catalog.EXPERIMENTS.glob("*.json"))
-FAULTS = {"kill", "stop", "pause", "kill_shard"}  # dealt to servers the catalog names
+FAULTS = {"kill", "stop", "pause", "kill_shard", "add_toxic"}  # to servers the catalog names
+NETWORK_FAULTS = {"add_toxic"}  # through the --faults profile's proxies
 # dealt to the data or the control plane, and what undoes each (in the method and the rollbacks)
 DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_flag": "unset_flag"}
 runner = CliRunner()
@@ -52,7 +53,10 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
         assert set(servers) <= set(mode.targets), (servers, mode.targets)
     undo = [DATA_FAULTS[f] for f in data_faults if DATA_FAULTS[f]]
     if faults or undo:
-        assert method[-1] in ("restart", "resume", "up", *undo), "the method ends by recovering"
+        recover = ("restart", "resume", "up", "remove_toxics", *undo)
+        assert method[-1] in recover, "the method ends by recovering"
+    # a network fault needs the proxies: the catalog says so, and `run` brings the profile up
+    assert bool(set(method) & NETWORK_FAULTS) == (mode.profile == "faults"), mode.profile
     for u in undo:  # undone in the method, and again in the rollbacks (which always run)
         assert u in method and u in funcs(exp["rollbacks"]), u
     probes = exp["steady-state-hypothesis"]["probes"]
@@ -187,3 +191,79 @@ def test_the_verdict_counts_failed_activities_and_an_unmet_hypothesis_before(
     r = runner.run("offline", tmp_path, experiment=_experiment(hypothesis, action))
     assert (r.status, r.verdict, r.failed_activities) == ("completed", verdict, failed)
     assert json.loads((tmp_path / "offline.json").read_text())["likes"]["verdict"] == verdict
+
+
+NETWORK_MODE = "write-edge-store-quorum-loss"  # profile: faults
+PROCESS_MODE = "aggregator-crash"
+
+
+@pytest.mark.parametrize(
+    ("mode_id", "was_faults", "restore", "fails", "switches"),
+    [
+        (NETWORK_MODE, False, True, False, [True, False]),  # up in the profile, and back after
+        (NETWORK_MODE, False, True, True, [True, False]),  # back even when the run raises
+        (NETWORK_MODE, False, False, False, [True]),  # a game day restores at its own end
+        (NETWORK_MODE, True, True, False, [True]),  # already in it: nothing to undo
+        (PROCESS_MODE, False, True, False, []),  # needs no proxies: the stack stays as it is
+    ],
+)
+def test_run_brings_the_faults_profile_up_for_a_network_fault_and_leaves_the_stack_as_found(
+    mode_id: str, was_faults: bool, restore: bool, fails: bool, switches: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from chaos import actions, runner
+
+    calls: list[bool] = []
+
+    def use_profile(faults: bool) -> bool:
+        calls.append(faults)
+        return faults != was_faults
+
+    def run(mode_id: str, journal_dir: Path | None, experiment: dict[str, Any]) -> runner.Result:
+        if fails:
+            raise KeyboardInterrupt
+        return runner.Result(mode_id, "completed", False, "passed", 1.0)
+
+    monkeypatch.setattr(actions, "use_profile", use_profile)
+    monkeypatch.setattr(runner, "_run", run)
+    if fails:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(mode_id, restore_profile=restore)
+    else:
+        assert runner.run(mode_id, restore_profile=restore).verdict == "passed"
+    assert calls == switches
+
+
+def test_a_game_day_runs_the_network_faults_last_and_switches_back_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from chaos import actions, report, runner
+    from local import layout
+
+    monkeypatch.setenv("LIKES_HOME", str(tmp_path / "stack"))
+    profile = {"faults": False}
+    ran: list[tuple[str, bool]] = []
+    switched: list[bool] = []
+
+    def use_profile(faults: bool) -> bool:
+        switched.append(faults)
+        changed = profile["faults"] != faults
+        profile["faults"] = faults
+        return changed
+
+    def run(mode_id: str, journal_dir: Path, restore_profile: bool = True) -> runner.Result:
+        assert restore_profile is False
+        if runner.needs_faults(mode_id):
+            use_profile(True)
+        ran.append((mode_id, profile["faults"]))
+        return runner.Result(mode_id, "completed", False, "passed", 1.0)
+
+    monkeypatch.setattr(actions, "use_profile", use_profile)
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(layout, "from_env", lambda: type("L", (), dict(profile))())
+    monkeypatch.setattr(report, "write", lambda results, out: (out / "r.md", out / "r.html"))
+    only = f"{NETWORK_MODE},{PROCESS_MODE},kafka-cross-az-partition"
+    res = CliRunner().invoke(app, ["chaos", "gameday", "--only", only, "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert ran == [(PROCESS_MODE, False), (NETWORK_MODE, True), ("kafka-cross-az-partition", True)]
+    assert switched == [True, True, False] and profile["faults"] is False
