@@ -100,6 +100,31 @@ def stop_traffic() -> dict[str, Any] | None:
     return None if t is None else t.summary()
 
 
+def drop_answers(share: float = 0.33) -> float:
+    """From now on the traffic's clients drop the first answer of `share` of their likes (sent,
+    then not read) and retry the same Idempotency-Key (sdk-network-drop-retry)."""
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic first")
+    traffic.mark(f"drop {share:.0%} of answers")
+    t.drop_answers = share
+    return share
+
+
+def keep_answers() -> int:
+    """Undo `drop_answers` (idempotent: in the rollbacks too); how many answers were dropped.
+    Fails when the clients were told to drop answers and none was: the fault never happened."""
+    t = traffic.current()
+    if t is None:
+        return 0
+    if t.drop_answers:
+        t.drop_answers = 0.0
+        traffic.mark("recovered: answers read")
+        if not t.dropped:
+            raise RuntimeError("no answer was dropped: every one came back within the drop wait")
+    return t.dropped
+
+
 def _signal(servers: list[str], sig: signal.Signals) -> list[str]:
     sup = stack_supervisor()
     running = sup.running()
@@ -362,3 +387,100 @@ def unset_flag(switch: str) -> bool:
     from services.contracts import flags
 
     return flags_cli.remove(flags.Switch(switch))
+
+
+def split_post(factor: int = 8) -> dict[str, Any]:
+    """`likes hotkeys split POST FACTOR` on the traffic's first post (audited as the CLI's):
+    its writes spread over `factor` sub-keys, as the operator splits a viral post."""
+    from cli import etcd_commands
+    from services.contracts import hotkeys, keys
+
+    post = _first_post()
+    flag = hotkeys.SplitFlag(factor, "manual", hotkeys.now_ms())
+
+    async def put(client: Any) -> None:
+        await client.put((keys.SPLIT_PREFIX + post).encode(), flag.encode())
+
+    traffic.mark(f"split {post} x{factor}")
+    etcd_commands.audited("hotkeys split", {"post_id": post, "factor": factor}, put)
+    return {"post_id": post, "factor": factor}
+
+
+def unsplit_post() -> bool:
+    """Undo `split_post` (`likes hotkeys unsplit POST`); idempotent: in the rollbacks too."""
+    from cli import etcd_commands
+    from services.contracts import keys
+
+    post = _first_post()
+
+    async def delete(client: Any) -> bool:
+        return bool(await client.delete((keys.SPLIT_PREFIX + post).encode()))
+
+    return bool(etcd_commands.audited("hotkeys unsplit", {"post_id": post}, delete))
+
+
+def _first_post() -> str:
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic names the posts")
+    return t.post_ids[0]
+
+
+def restart_cold(servers: list[str]) -> list[str]:
+    """`restart`, then FLUSHALL on every primary of the (Redis Cluster) component: it comes
+    back cold, as a cluster restarted without its snapshots would (the local nodes reload
+    theirs and would come back warm). Returns what was started."""
+    from redis.cluster import RedisCluster
+
+    from cli import stack_settings
+    from services.contracts import clients
+
+    started = restart(servers)
+    settings = stack_settings.platform_settings()
+    rc = clients.count_cache(settings, timeout=5.0)
+    try:
+        rc.flushall(target_nodes=RedisCluster.PRIMARIES)
+    finally:
+        rc.close()
+    traffic.mark("flushed")
+    return started
+
+
+def register_incompatible_schema() -> dict[str, Any]:
+    """A bad deploy step: a version of the like event's value schema that breaks FORWARD
+    compatibility (a field without a default removed, another's type changed), registered
+    as the deploy step registers (services/schema/registry_schemas.apply). Returns the
+    registry's refusal; raises if the registry accepted it (after deleting that version)."""
+    import json
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from cli import stack_settings
+    from services.contracts import events, registry
+    from services.schema import registry_schemas
+
+    schema = json.loads(events.LIKE_EVENT_SCHEMA)
+    fields = schema["fields"]
+    dropped = next(f["name"] for f in fields if "default" not in f and f["type"] == "string")
+    changed = next(f for f in fields if f["type"] == "int")
+    schema["fields"] = [
+        {**f, "type": "string"} if f is changed else f for f in fields if f["name"] != dropped
+    ]
+    subject = f"{events.COMMITTED}-value"
+    client = SchemaRegistryClient(registry.from_settings(stack_settings.platform_settings()))
+    before = client.get_versions(subject)
+    traffic.mark("incompatible schema")
+    try:
+        registry_schemas.apply(client, {subject: json.dumps(schema)})
+    except registry_schemas.RegistrationError as e:
+        after = client.get_versions(subject)
+        if after != before:
+            raise RuntimeError(
+                f"{subject} versions changed although refused: {before} -> {after}"
+            ) from e
+        return {"subject": subject, "refused": str(e), "versions": after,
+                "dropped": dropped, "retyped": changed["name"]}  # fmt: skip
+    version = client.get_latest_version(subject).version
+    if version is not None and version not in before:
+        client.delete_version(subject, version)
+    raise RuntimeError(f"the registry accepted an incompatible {subject} (version {version})")

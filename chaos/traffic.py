@@ -31,6 +31,7 @@ from services.contracts import routes
 
 TRANSPORT = 0  # a Sample's status when no answer came (timeout, connection refused or reset)
 CLEAN = {202, 429}  # the answers a write may give at any time; a 503 only with Retry-After
+DROP_READ_S = 0.002  # how long a client that drops its answer waits for it after sending
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,9 @@ class Traffic:
     readers: int = 2
     write_rate: float = 40.0  # likes a second over all writers (first attempts)
     timeout_s: float = 3.0
+    # the share of likes whose first answer the client drops (sdk-network-drop-retry): the
+    # request is sent, the client stops reading after DROP_READ_S and retries the same key
+    drop_answers: float = 0.0
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     samples: list[Sample] = field(default_factory=list)
     ledger: dict[tuple[str, str], str] = field(default_factory=dict)  # accepted pair -> key
@@ -69,6 +73,7 @@ class Traffic:
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.stopped: float | None = None
+        self.dropped = 0  # first answers the client dropped on purpose
 
     # -- running ------------------------------------------------------------------------------
     def start(self) -> Traffic:
@@ -131,6 +136,16 @@ class Traffic:
                    routes.CLIENT_IP_HEADER: client_ip(token)}  # fmt: skip
         body = {"post_id": post, "action": "like", "reaction": "like"}
         backoff = 0.2
+        if self.drop_answers and random.random() < self.drop_answers:
+            try:  # sent whole, then no answer read: what a phone losing its network leaves
+                r = c.post(f"{self.gateway_url}{routes.WRITE_PATH}", json=body, headers=headers,
+                           timeout=httpx.Timeout(self.timeout_s, read=DROP_READ_S))  # fmt: skip
+            except httpx.ReadTimeout:
+                with self._lock:
+                    self.dropped += 1
+            except httpx.TransportError:
+                pass  # never sent: the retry below is a first attempt
+            # an answer that beat the drop is read as the client's first: retried all the same
         while not self._stop.is_set():
             t0 = time.monotonic()
             try:
@@ -181,6 +196,7 @@ class Traffic:
             "posts": self.post_ids,
             "likes_sent": len(self.attempted),
             "likes_accepted": len(self.ledger),
+            "answers_dropped": self.dropped,
             "writes": statuses(writes),
             "reads": statuses(reads),
             "unclean_writes": sum(1 for s in writes if not clean_write(s)),

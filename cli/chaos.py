@@ -29,8 +29,8 @@ TARGETS = ("local", "k8s")
 def list_(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Every failure mode: its component, whether the local stack can enact it, and whether its
-    experiment exists yet."""
+    """Every failure mode: its component, whether the local stack can enact it, whether its
+    experiment exists yet, and the stack profile it needs (`faults`: Toxiproxy's proxies)."""
     from chaos import catalog
 
     modes = catalog.modes()
@@ -38,11 +38,11 @@ def list_(
         print(json.dumps([m.as_dict() for m in modes]))
         return
     t = Table(title=f"failure modes ({sum(m.enactable for m in modes)} of {len(modes)} enactable)")
-    for col in ("id", "component", "enactable", "experiment"):
+    for col in ("id", "component", "enactable", "experiment", "profile"):
         t.add_column(col)
     for m in modes:
         t.add_row(m.id, m.component, "yes" if m.enactable else "production-only",
-                  "yes" if m.has_experiment else "-")  # fmt: skip
+                  "yes" if m.has_experiment else "-", m.profile or "-")  # fmt: skip
     console.print(t)
 
 

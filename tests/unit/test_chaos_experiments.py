@@ -18,7 +18,9 @@ EXPERIMENTS = sorted(p.stem for p in catalog.EXPERIMENTS.glob("*.json"))
 FAULTS = {"kill", "stop", "pause", "kill_shard", "add_toxic"}  # to servers the catalog names
 NETWORK_FAULTS = {"add_toxic"}  # through the --faults profile's proxies
 # dealt to the data or the control plane, and what undoes each (in the method and the rollbacks)
-DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_flag": "unset_flag"}
+DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_flag": "unset_flag",
+               "split_post": "unsplit_post", "register_incompatible_schema": None,
+               "drop_answers": "keep_answers"}  # fmt: skip
 runner = CliRunner()
 
 
@@ -53,7 +55,7 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
         assert set(servers) <= set(mode.targets), (servers, mode.targets)
     undo = [DATA_FAULTS[f] for f in data_faults if DATA_FAULTS[f]]
     if faults or undo:
-        recover = ("restart", "resume", "up", "remove_toxics", *undo)
+        recover = ("restart", "restart_cold", "resume", "up", "remove_toxics", *undo)
         assert method[-1] in recover, "the method ends by recovering"
     # a network fault needs the proxies: the catalog says so, and `run` brings the profile up
     assert bool(set(method) & NETWORK_FAULTS) == (mode.profile == "faults"), mode.profile

@@ -1,0 +1,79 @@
+"""The game day's clients against a tiny HTTP server standing in for the gateway: a client told to
+drop its answers sends the like whole, stops reading, and retries the same Idempotency-Key."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from chaos import traffic
+
+SLOW_S = 0.05  # the stand-in answers after this: longer than the client's drop wait
+
+
+class Gateway(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.seen: list[tuple[str, str]] = []  # (idempotency key, post) of each whole request
+        self.lock = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Gateway
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        with self.server.lock:
+            self.server.seen.append((self.headers["idempotency-key"], body["post_id"]))
+        time.sleep(SLOW_S)
+        try:
+            self.send_response(202)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+        except OSError:
+            pass  # the client left: its answer is lost, as a phone's would be
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def gateway() -> Iterator[Gateway]:
+    g = Gateway()
+    threading.Thread(target=g.serve_forever, daemon=True).start()
+    yield g
+    g.shutdown()
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_a_dropped_answer_is_retried_with_the_same_key(gateway: Gateway, share: float) -> None:
+    t = traffic.Traffic(
+        gateway_url=f"http://127.0.0.1:{gateway.server_address[1]}", token=lambda u: "t." + u,
+        users=12, posts=3, writers=3, readers=0, write_rate=100.0, drop_answers=share,
+    )  # fmt: skip
+    t.start()
+    deadline = time.monotonic() + 20
+    while len(t.ledger) < 12 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t.stop()
+    assert len(t.ledger) == 12, t.summary()
+    sent: dict[str, int] = {}
+    for key, _post in gateway.seen:
+        sent[key] = sent.get(key, 0) + 1
+    # every accepted like's key reached the server: twice (dropped, then retried) or once
+    assert set(sent) == set(t.ledger.values())
+    assert sorted(sent.values()) == [2 if share else 1] * 12
+    assert t.summary()["answers_dropped"] == (12 if share else 0)
+    assert t.summary()["unclean_writes"] == 0  # a dropped answer is the client's, not a sample
