@@ -484,3 +484,53 @@ def register_incompatible_schema() -> dict[str, Any]:
     if version is not None and version not in before:
         client.delete_version(subject, version)
     raise RuntimeError(f"the registry accepted an incompatible {subject} (version {version})")
+
+
+def _bad_values(posts: list[str]) -> dict[str, bytes]:
+    """A bad control-plane push for `posts`: each flagged hot at a million reads a second, its
+    heat hint malformed JSON, a split past the aggregator's 8 shards, a hot-pool list naming a
+    pool nobody serves."""
+    from services.contracts import hotkeys, keys
+
+    out: dict[str, bytes] = {}
+    for post in posts:
+        out[keys.HOTKEYS_PREFIX + post] = hotkeys.encode_hot(1e6, hotkeys.now_ms())
+        out[keys.HEAT_PREFIX + post] = b"hot!"
+        out[keys.SPLIT_PREFIX + post] = hotkeys.SplitFlag(64, "game day", 0).encode()
+        out[hotkeys.HOTPOOL_PREFIX + post] = hotkeys.encode_pools(["127.0.0.1:1"], 0)
+    return out
+
+
+def push_bad_config() -> list[str]:
+    """Write `_bad_values` for every post of the traffic into etcd (audited, as the game day)."""
+    from cli import etcd_commands
+
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic names the posts")
+    values = _bad_values(t.post_ids)
+
+    async def put(client: Any) -> list[str]:
+        for key, value in values.items():
+            await client.put(key.encode(), value)
+        return sorted(values)
+
+    traffic.mark("bad config push")
+    return list(etcd_commands.audited("game day: bad config push", {"keys": len(values)}, put))
+
+
+def remove_bad_config() -> int:
+    """Delete what `push_bad_config` wrote (idempotent: in the rollbacks too)."""
+    from cli import etcd_commands
+
+    t = traffic.current()
+    if t is None:
+        return 0
+    values = _bad_values(t.post_ids)
+
+    async def delete(client: Any) -> int:
+        return sum([bool(await client.delete(key.encode())) for key in values])
+
+    removed = int(etcd_commands.audited("game day: bad config removed", {}, delete))
+    traffic.mark("recovered: bad config removed")
+    return removed
