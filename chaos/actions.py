@@ -534,3 +534,49 @@ def remove_bad_config() -> int:
     removed = int(etcd_commands.audited("game day: bad config removed", {}, delete))
     traffic.mark("recovered: bad config removed")
     return removed
+
+
+def _stale_flag_values(post: str) -> dict[str, bytes]:
+    """What the sampler and the operator write for a hot post (services/contracts/hotkeys.py):
+    a hot-key flag and the list of every hot pool, for `post`, which is not hot."""
+    from services.contracts import hotkeys, keys
+
+    pools = [f"{layout.HOST}:{p}" for p in layout.from_env().ports.hot_pools]
+    return {
+        keys.HOTKEYS_PREFIX + post: hotkeys.encode_hot(5000.0, hotkeys.now_ms()),
+        hotkeys.HOTPOOL_PREFIX + post: hotkeys.encode_pools(pools, hotkeys.now_ms()),
+    }
+
+
+def push_stale_hot_flag() -> dict[str, Any]:
+    """A hot-key flag and hot-pool list for the traffic's first post, which nothing made hot
+    (with hotkeys-freeze on, the operator leaves them in place): a stale flag."""
+    from cli import etcd_commands
+
+    post = _first_post()
+    values = _stale_flag_values(post)
+
+    async def put(client: Any) -> list[str]:
+        for key, value in values.items():
+            await client.put(key.encode(), value)
+        return sorted(values)
+
+    traffic.mark(f"stale hot flag {post}")
+    written = etcd_commands.audited("game day: stale hot flag", {"post_id": post}, put)
+    return {"post_id": post, "keys": written}
+
+
+def remove_stale_hot_flag() -> int:
+    """Delete what `push_stale_hot_flag` wrote (idempotent: in the rollbacks too)."""
+    from cli import etcd_commands
+
+    if traffic.current() is None:
+        return 0
+    values = _stale_flag_values(_first_post())
+
+    async def delete(client: Any) -> int:
+        return sum([bool(await client.delete(key.encode())) for key in values])
+
+    removed = int(etcd_commands.audited("game day: stale hot flag removed", {}, delete))
+    traffic.mark("recovered: stale flag removed")
+    return removed

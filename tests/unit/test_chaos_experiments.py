@@ -20,7 +20,8 @@ NETWORK_FAULTS = {"add_toxic"}  # through the --faults profile's proxies
 # dealt to the data or the control plane, and what undoes each (in the method and the rollbacks)
 DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_flag": "unset_flag",
                "split_post": "unsplit_post", "register_incompatible_schema": None,
-               "drop_answers": "keep_answers", "push_bad_config": "remove_bad_config"}  # fmt: skip
+               "drop_answers": "keep_answers", "push_bad_config": "remove_bad_config",
+               "push_stale_hot_flag": "remove_stale_hot_flag"}  # fmt: skip
 runner = CliRunner()
 
 
