@@ -275,7 +275,7 @@ def main() -> None:
     ap.add_argument("--rings", type=int, default=4, help="rings for like -> void (0: skip)")
     args = ap.parse_args()
 
-    lay = layout.from_env()
+    lay = layout.for_benchmark()
     models = lay.abuse_models
     if model.current_version(models) is None:
         sys.exit(f"no current model in {models}: start the stack (`likes local up`) first")

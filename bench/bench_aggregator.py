@@ -289,7 +289,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    lay = layout.from_env()
+    lay = layout.for_benchmark()
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
     s = settings_for(lay, prefix, not args.no_hot_pools)
     small = None

@@ -396,7 +396,7 @@ def main() -> None:
     from local import layout, transforms
     from services.contracts import bloom, keys
 
-    lay = layout.from_env()
+    lay = layout.for_benchmark()
     env = read_env(lay)
     settings = read_settings(lay, env)
 

@@ -318,7 +318,7 @@ def main() -> None:
 
     from local import layout, transforms
 
-    lay = layout.from_env()
+    lay = layout.for_benchmark()
     procs_by_name = {p.workload.name: p for p in transforms.processes(lay, lay.stack, check=False)}
     # the write service's env exactly as the stack runs it (its rendered spec, transformed)
     env = {**procs_by_name["write"].env, "LIKES_LOG_LEVEL": "WARNING"}

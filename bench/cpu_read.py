@@ -144,7 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from services.read.heat import StaticHeat
     from services.read.main import create_app
 
-    lay = layout.from_env()
+    lay = layout.for_benchmark()
     env = bench_read.read_env(lay)
     if args.no_traces:
         env.pop(Settings.env_name(workloads.TRACES), None)

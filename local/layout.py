@@ -401,3 +401,16 @@ def record_profile(layout: Layout) -> None:
             }
         )
     )
+
+
+def for_benchmark() -> Layout:
+    """The stack a benchmark measures (from_env), refused in the --faults profile: a proxy in
+    front of every node would put its hop into every figure, and the baselines run without."""
+    lay = from_env()
+    if lay.faults:
+        raise SystemExit(
+            f"the stack at {lay.home} runs the --faults profile (Toxiproxy in front of every "
+            "node): benchmarks measure the stores' own paths. Run `likes local down`, then "
+            "`likes local up --no-faults`, or point LIKES_HOME at a stack without it."
+        )
+    return lay

@@ -79,3 +79,16 @@ def test_a_profile_is_recorded_and_read_back(
     assert layout_mod.from_env().faults is True
     assert layout_mod.recorded_faults(tmp_path) is True
     assert layout_mod.from_env(faults=False).faults is False  # an explicit choice wins
+
+
+def test_benchmarks_refuse_a_stack_in_the_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from local import layout as layout_mod
+
+    monkeypatch.setenv("LIKES_HOME", str(tmp_path))
+    layout_mod.record_profile(lay(tmp_path, faults=False))
+    assert layout_mod.for_benchmark().faults is False
+    layout_mod.record_profile(lay(tmp_path, faults=True))
+    with pytest.raises(SystemExit, match="--faults profile"):
+        layout_mod.for_benchmark()
