@@ -51,7 +51,19 @@ _NODE = re.compile(r"^(?P<component>[a-z][a-z0-9-]*?)-(?P<n>\d+)$")  # kafka-2, 
 _FAULTS = {"kill": 0, "stop": -1}  # grace period: none (SIGKILL), or the pod's own (SIGTERM)
 _NO_COUNTERPART = {"start_traffic", "stop_traffic", "restart", "up"}
 # faults dealt to the data or the control plane (chaos/actions.py), not to a pod
-_DATA_FAULTS = {"produce_poison", "refuse_records", "accept_records", "set_flag", "unset_flag"}
+_DATA_FAULTS = {"produce_poison", "refuse_records", "accept_records", "set_flag", "unset_flag",
+                "split_post", "unsplit_post", "push_bad_config", "remove_bad_config",
+                "push_stale_hot_flag", "remove_stale_hot_flag",
+                "register_incompatible_schema"}  # fmt: skip
+# the other faults a pod deletion cannot stand for, and why
+_OTHER_FAULTS = {
+    "add_toxic": "a network fault on a node's Toxiproxy proxy: the cluster has no proxy in its "
+    "data path (a network chaos tool's partition would be its counterpart; not built)",
+    "drop_answers": "dealt by the game day's own clients, not to a pod: the local traffic "
+    "aimed at the cluster's gateway would be its counterpart (not built)",
+    "restart_cold": "a restart then FLUSHALL: emptying production's count-cache is not a fault "
+    "to aim at a live cluster",
+}
 RECOVERY_WAIT_S = 60  # after the fault's own pause: for the controllers' new pods to run
 
 
@@ -150,6 +162,8 @@ def experiment(mode_id: str, stack: str = DEFAULT_STACK) -> dict[str, Any]:
                 f"{mode_id}: its fault `{func}` is dealt to Kafka's records or an etcd flag, not "
                 "to a pod: it needs the cluster's own Kafka and etcd clients (not built)"
             )
+        if func in _OTHER_FAULTS:
+            raise NoVariant(f"{mode_id}: its fault `{func}` is {_OTHER_FAULTS[func]}")
         if func == "kill_shard":
             if activity["provider"]["arguments"].get("with_replica", True):
                 raise NoVariant(

@@ -21,10 +21,10 @@ from tests.conftest import LIKES, Stack
 pytestmark = pytest.mark.stack
 
 # One test item per experiment run in CI. The rest of chaos/experiments runs by `likes chaos run`
-# (each ~100 s: the suite's 45-minute budget takes three for now; see the issue's notes).
+# (each ~100 s: the suite's 45-minute budget takes two for now; see the issue's notes).
 # edge-store-quorum-loss is not here yet: 1 run in 5 leaves a count 3 short (issue 14's notes).
-# write-edge-store-quorum-loss is a network fault: the test stack runs the faults profile.
-IN_CI = ("aggregator-crash", "write-idem-store-down", "write-edge-store-quorum-loss")
+# The network experiments need the faults profile: a switch restarts every server twice (~3 min).
+IN_CI = ("aggregator-crash", "write-idem-store-down")
 
 
 @pytest.mark.disruptive
@@ -40,10 +40,7 @@ def test_the_experiment_passes_on_the_stack(stack: Stack, mode_id: str, tmp_path
                                      "reads_never_5xx", "writes_clean",
                                      "alerts_fired_and_resolved"}  # fmt: skip
     expected = {"aggregator-crash": ["AggregatorStalled", "ConsumerLagBudgetBurn"],
-                "write-idem-store-down": ["WriteAvailabilityBudgetBurn"],
-                "write-edge-store-quorum-loss": [
-                    "WriteAvailabilityBudgetBurn", "WriteLatencyBudgetBurn",
-                    "ReadLatencyBudgetBurn", "AggregatorFlushFailing"]}[mode_id]  # fmt: skip
+                "write-idem-store-down": ["WriteAvailabilityBudgetBurn"]}[mode_id]  # fmt: skip
     assert checks["expected_alerts"] == expected
     for alert in expected:  # delivered firing after the fault, then resolved
         a = checks["alerts"][alert]
@@ -54,7 +51,7 @@ def test_the_experiment_passes_on_the_stack(stack: Stack, mode_id: str, tmp_path
     assert [a["status"] for a in journal["run"] + journal["rollbacks"]] == ["succeeded"] * (
         len(journal["run"]) + len(journal["rollbacks"])
     )
-    if mode_id in ("write-idem-store-down", "write-edge-store-quorum-loss"):
+    if mode_id == "write-idem-store-down":
         # it failed closed, cleanly (503 + Retry-After, no hang), while the store was gone
         assert sent["writes"].get("503", 0) > 0 and sent["unclean_writes"] == 0, sent
 

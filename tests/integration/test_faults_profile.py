@@ -1,88 +1,103 @@
-"""The --faults profile on the test stack (which runs it): clients reach every Redis Cluster node
-and broker through the proxy that node announces, and the Cassandra node through its own, so a
-toxic on a node's proxy reaches exactly what the services use. Proxies in front of bootstrap
-addresses only would carry nothing after the first request: these tests fail then."""
+"""The --faults profile, on real servers: a scratch Toxiproxy and a Redis Cluster of six nodes
+(the idem-store component, as `likes local up --faults` runs them) at their own port offset.
+Clients are seeded with the nodes' own ports and learn the proxies from the cluster; a toxic on
+one node's proxy cuts exactly what the clients use for that node. Proxies in front of the
+bootstrap addresses only would carry nothing after the first request: these tests fail then.
+(The brokers' and Cassandra's side of the profile: tests/unit/test_local_faults_profile.py.)"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import redis
-from confluent_kafka.admin import AdminClient
+from redis.cluster import ClusterNode, RedisCluster
 
+from local import supervisor
 from local.components import redis as local_redis
 from local.components import toxiproxy
-from services.contracts import clients, keys
-from tests.conftest import Stack
+from local.layout import HOST, Layout, Ports
 
-pytestmark = pytest.mark.stack
-
-
-def _port(address: str) -> int:
-    return int(address.rsplit(":", 1)[1])
+OFFSET = 4000  # apart from the default (0), test (1000) and test_gateway (7000) stacks
 
 
-def test_clients_learn_the_proxies_from_the_nodes(stack: Stack) -> None:
-    lay = stack.layout
-    assert lay.faults, "the test stack runs the faults profile (tests/conftest.py)"
-    ports = lay.ports
-    settings = stack.settings()
-    for make, proxies, own in (
-        (clients.count_cache, ports.count_cache_proxies, ports.count_cache),
-        (clients.idem_store, ports.idem_store_proxies, ports.idem_store),
-    ):
-        rc = make(settings, timeout=2.0)
-        try:
-            # seeded with the nodes' own ports (the rendered env), told the proxies by the cluster
-            assert {n.port for n in rc.get_nodes()} == set(proxies), rc.get_nodes()
-            assert not {n.port for n in rc.get_nodes()} & set(own)
-        finally:
-            rc.close()
-    md = AdminClient(stack.kafka_config()).list_topics(timeout=10)
-    assert {b.port for b in md.brokers.values()} == set(ports.kafka_broker_proxies)
-    # one Cassandra node: the services' contact point is its proxy
-    assert int(settings.cassandra_port) == ports.cassandra_native_proxy
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
+    lay = Layout(home=Path(tmp_path_factory.mktemp("faults")), ports=Ports(OFFSET), faults=True)
+    sup = supervisor.Supervisor(lay, [toxiproxy.Toxiproxy(lay), local_redis.IdemStore(lay)])
 
+    def report(name: str, msg: str) -> None:
+        pass
 
-def test_a_toxic_on_a_nodes_proxy_cuts_what_the_clients_use(stack: Stack) -> None:
-    """A timeout toxic (nothing answers) on the proxy of the count-cache primary owning a key:
-    a read of that key times out, a key on another primary still answers; after Toxiproxy's
-    reset both answer again."""
-    lay = stack.layout
-    rc = clients.count_cache(stack.settings(), timeout=1.0)
-    by_port = {listen: name for name, (listen, _own) in lay.proxies().items()}
     try:
-        key = keys.count_key(f"faults-{uuid.uuid4()}")
-        rc.set(key, 7)
+        sup.up(report)
+        status = sup.settle(list(sup.all_servers()), report)
+        assert all(s["healthy"] for s in status.values()), status
+        yield lay
+    finally:
+        sup.down(report)
+
+
+def _cluster(lay: Layout, timeout: float) -> RedisCluster:
+    seeds = [ClusterNode(HOST, p) for p in lay.ports.idem_store]  # the nodes' own ports
+    return RedisCluster(startup_nodes=seeds, password=local_redis.password(lay),
+                        socket_timeout=timeout, decode_responses=True)  # fmt: skip
+
+
+def test_clients_learn_the_proxies_from_the_nodes(world: Layout) -> None:
+    # every node, primaries and replicas, is known to the others by its proxy
+    with local_redis.client(world, world.ports.idem_store[0], socket_timeout=2) as r:
+        table = dict(r.execute_command("CLUSTER NODES"))
+    assert {int(a.rsplit(":", 1)[1]) for a in table} == set(world.ports.idem_store_proxies)
+    rc = _cluster(world, 2.0)
+    try:
+        ports = {n.port for n in rc.get_nodes()}  # what the client learned: proxies only
+        assert ports and ports <= set(world.ports.idem_store_proxies), rc.get_nodes()
+        key = f"faults:{uuid.uuid4()}"
+        rc.set(key, "v")
+        assert rc.get(key) == "v"
+    finally:
+        rc.close()
+
+
+def test_a_toxic_on_a_nodes_proxy_cuts_what_the_clients_use(world: Layout) -> None:
+    """A timeout toxic (nothing answers) on the proxy of the primary owning a key: a read of
+    that key times out, a key on another primary still answers; after Toxiproxy's reset both
+    answer again."""
+    rc = _cluster(world, 1.0)
+    by_port = {listen: name for name, (listen, _own) in world.proxies().items()}
+    try:
+        key = f"faults:{uuid.uuid4()}"
+        rc.set(key, "7")
         owner = rc.get_node_from_key(key)
         other = next(
-            k for k in (keys.count_key(f"faults-{uuid.uuid4()}") for _ in range(100))
+            k for k in (f"faults:{uuid.uuid4()}" for _ in range(200))
             if rc.get_node_from_key(k).port != owner.port
         )  # fmt: skip
-        rc.set(other, 8)
+        rc.set(other, "8")
         victim = by_port[owner.port]
-        r = httpx.post(
-            f"{toxiproxy.api_url(lay)}/proxies/{victim}/toxics",
+        httpx.post(
+            f"{toxiproxy.api_url(world)}/proxies/{victim}/toxics",
             json={"name": "test-cut", "type": "timeout", "stream": "downstream",
                   "attributes": {"timeout": 0}},
             timeout=5,
-        )  # fmt: skip
-        r.raise_for_status()
+        ).raise_for_status()  # fmt: skip
         try:
-            assert toxiproxy.toxics(lay)[victim], "the toxic is on the victim's proxy"
+            assert toxiproxy.toxics(world)[victim], "the toxic is on the victim's proxy"
             # straight to the owner's announced address, as the cluster client goes
-            node = local_redis.client(lay, owner.port, socket_timeout=1.0)
+            node = local_redis.client(world, owner.port, socket_timeout=1.0)
             with node, pytest.raises(redis.TimeoutError):
                 node.get(key)
-            assert int(rc.get(other)) == 8  # the other primary's proxy is untouched
+            assert rc.get(other) == "8"  # the other primary's proxy is untouched
         finally:
-            toxiproxy.reset(lay)
-        assert not any(toxiproxy.toxics(lay).values())
-        fresh = clients.count_cache(stack.settings(), timeout=2.0)
+            toxiproxy.reset(world)
+        assert not any(toxiproxy.toxics(world).values())
+        fresh = _cluster(world, 2.0)
         try:
-            assert int(fresh.get(key)) == 7 and int(fresh.get(other)) == 8
+            assert fresh.get(key) == "7" and fresh.get(other) == "8"
         finally:
             fresh.close()
     finally:

@@ -59,7 +59,16 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "aggregator-poison-event",
         "dlq-unavailable",
         "registry-503-on-publish",
+        "write-edge-store-quorum-loss",  # network faults (Toxiproxy)
+        "kafka-cross-az-partition",
+        "sdk-network-drop-retry",  # the clients' own
+        "count-cache-cold-restart",  # a FLUSHALL
+        "aggregator-oom-viral-post",  # an etcd split, then the kill
+        "etcd-bad-config-push",
+        "etcd-stale-hotkey-flag",
+        "registry-incompatible-schema",
     }, none
+    assert "Toxiproxy" in none["kafka-cross-az-partition"]
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
     assert "one shard" in none["idem-store-shard-unavailable"]
     assert "not to a pod" in none["dlq-unavailable"]
