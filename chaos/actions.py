@@ -392,31 +392,22 @@ def unset_flag(switch: str) -> bool:
 def split_post(factor: int = 8) -> dict[str, Any]:
     """`likes hotkeys split POST FACTOR` on the traffic's first post (audited as the CLI's):
     its writes spread over `factor` sub-keys, as the operator splits a viral post."""
-    from cli import etcd_commands
     from services.contracts import hotkeys, keys
 
     post = _first_post()
     flag = hotkeys.SplitFlag(factor, "manual", hotkeys.now_ms())
-
-    async def put(client: Any) -> None:
-        await client.put((keys.SPLIT_PREFIX + post).encode(), flag.encode())
-
     traffic.mark(f"split {post} x{factor}")
-    etcd_commands.audited("hotkeys split", {"post_id": post, "factor": factor}, put)
+    _put("hotkeys split", {"post_id": post, "factor": factor},
+         {keys.SPLIT_PREFIX + post: flag.encode()})  # fmt: skip
     return {"post_id": post, "factor": factor}
 
 
 def unsplit_post() -> bool:
     """Undo `split_post` (`likes hotkeys unsplit POST`); idempotent: in the rollbacks too."""
-    from cli import etcd_commands
     from services.contracts import keys
 
     post = _first_post()
-
-    async def delete(client: Any) -> bool:
-        return bool(await client.delete((keys.SPLIT_PREFIX + post).encode()))
-
-    return bool(etcd_commands.audited("hotkeys unsplit", {"post_id": post}, delete))
+    return bool(_delete("hotkeys unsplit", [keys.SPLIT_PREFIX + post], {"post_id": post}))
 
 
 def _first_post() -> str:
@@ -501,37 +492,44 @@ def _bad_values(posts: list[str]) -> dict[str, bytes]:
     return out
 
 
-def push_bad_config() -> list[str]:
-    """Write `_bad_values` for every post of the traffic into etcd (audited, as the game day)."""
+def _put(command: str, args: dict[str, Any], values: dict[str, bytes]) -> list[str]:
+    """Write `values` into etcd, audited as `command` (the game day's control-plane pushes)."""
     from cli import etcd_commands
-
-    t = traffic.current()
-    if t is None:
-        raise RuntimeError("no traffic runs: start_traffic names the posts")
-    values = _bad_values(t.post_ids)
 
     async def put(client: Any) -> list[str]:
         for key, value in values.items():
             await client.put(key.encode(), value)
         return sorted(values)
 
+    return list(etcd_commands.audited(command, args, put))
+
+
+def _delete(command: str, keys_: list[str], args: dict[str, Any] | None = None) -> int:
+    """Delete `keys_` from etcd, audited as `command` (with `args`); how many existed."""
+    from cli import etcd_commands
+
+    async def delete(client: Any) -> int:
+        return sum([bool(await client.delete(key.encode())) for key in keys_])
+
+    return int(etcd_commands.audited(command, args or {}, delete))
+
+
+def push_bad_config() -> list[str]:
+    """Write `_bad_values` for every post of the traffic into etcd (audited, as the game day)."""
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic names the posts")
+    values = _bad_values(t.post_ids)
     traffic.mark("bad config push")
-    return list(etcd_commands.audited("game day: bad config push", {"keys": len(values)}, put))
+    return _put("game day: bad config push", {"keys": len(values)}, values)
 
 
 def remove_bad_config() -> int:
     """Delete what `push_bad_config` wrote (idempotent: in the rollbacks too)."""
-    from cli import etcd_commands
-
     t = traffic.current()
     if t is None:
         return 0
-    values = _bad_values(t.post_ids)
-
-    async def delete(client: Any) -> int:
-        return sum([bool(await client.delete(key.encode())) for key in values])
-
-    removed = int(etcd_commands.audited("game day: bad config removed", {}, delete))
+    removed = _delete("game day: bad config removed", list(_bad_values(t.post_ids)))
     traffic.mark("recovered: bad config removed")
     return removed
 
@@ -551,32 +549,16 @@ def _stale_flag_values(post: str) -> dict[str, bytes]:
 def push_stale_hot_flag() -> dict[str, Any]:
     """A hot-key flag and hot-pool list for the traffic's first post, which nothing made hot
     (with hotkeys-freeze on, the operator leaves them in place): a stale flag."""
-    from cli import etcd_commands
-
     post = _first_post()
-    values = _stale_flag_values(post)
-
-    async def put(client: Any) -> list[str]:
-        for key, value in values.items():
-            await client.put(key.encode(), value)
-        return sorted(values)
-
     traffic.mark(f"stale hot flag {post}")
-    written = etcd_commands.audited("game day: stale hot flag", {"post_id": post}, put)
+    written = _put("game day: stale hot flag", {"post_id": post}, _stale_flag_values(post))
     return {"post_id": post, "keys": written}
 
 
 def remove_stale_hot_flag() -> int:
     """Delete what `push_stale_hot_flag` wrote (idempotent: in the rollbacks too)."""
-    from cli import etcd_commands
-
     if traffic.current() is None:
         return 0
-    values = _stale_flag_values(_first_post())
-
-    async def delete(client: Any) -> int:
-        return sum([bool(await client.delete(key.encode())) for key in values])
-
-    removed = int(etcd_commands.audited("game day: stale hot flag removed", {}, delete))
+    removed = _delete("game day: stale hot flag removed", list(_stale_flag_values(_first_post())))
     traffic.mark("recovered: stale flag removed")
     return removed

@@ -93,31 +93,27 @@ collector_build=$!
 # and the JMX exporter agent both load.
 say "resolving Kafka, Cassandra and the JMX exporter agent from Maven Central"
 .venv/bin/python -m local.maven kafka cassandra
-# 5. envoyproxy/ratelimit, built from the commit the program deploys (infra/gateway.py pins it), into
-#    a repo-local GOBIN that survives `down --wipe`; skipped when that exact version is installed.
-rl_version=$(.venv/bin/python -c 'from infra import gateway as g; print(g.RATELIMIT_VERSION)')
-rl_module=github.com/envoyproxy/ratelimit
-rl_bin=.cache/bin/service_cmd
-if [ -x "$rl_bin" ] && go version -m "$rl_bin" 2>/dev/null \
-    | grep -qE "^[[:space:]]+mod[[:space:]]+$rl_module[[:space:]]+$rl_version[[:space:]]"; then
-  say "ratelimit service $rl_version present"
-else
-  say "building the ratelimit service $rl_module@$rl_version"
-  mkdir -p .cache/bin
-  GOBIN="$PWD/.cache/bin" go install "$rl_module/src/service_cmd@$rl_version"
-fi
-# 6. Toxiproxy, the --faults profile's proxies (local/components/toxiproxy.py pins the version),
-#    into its own repo-local GOBIN; skipped when that exact version is installed.
-tp_version=$(.venv/bin/python -c 'from local.components import toxiproxy as t; print(t.VERSION)')
-tp_module=$(.venv/bin/python -c 'from local.components import toxiproxy as t; print(t.MODULE)')
-tp_bin=.cache/toxiproxy/server
-if [ -x "$tp_bin" ] && go version -m "$tp_bin" 2>/dev/null \
-    | grep -qE "^[[:space:]]+mod[[:space:]]+$tp_module[[:space:]]+$tp_version[[:space:]]"; then
-  say "toxiproxy $tp_version present"
-else
-  say "building toxiproxy $tp_module@$tp_version"
-  mkdir -p .cache/toxiproxy
-  GOBIN="$PWD/.cache/toxiproxy" go install "$tp_module/cmd/server@$tp_version"
-fi
+# go_install NAME MODULE PACKAGE VERSION GOBIN: `go install MODULE/PACKAGE@VERSION` into a
+# repo-local GOBIN that survives `down --wipe`; skipped when that exact version is installed there.
+go_install() {
+  local name=$1 module=$2 package=$3 version=$4 gobin=$5
+  local bin="$gobin/${package##*/}"
+  if [ -x "$bin" ] && go version -m "$bin" 2>/dev/null \
+      | grep -qE "^[[:space:]]+mod[[:space:]]+$module[[:space:]]+$version[[:space:]]"; then
+    say "$name $version present"
+  else
+    say "building $name $module@$version"
+    mkdir -p "$gobin"
+    GOBIN="$PWD/$gobin" go install "$module/$package@$version"
+  fi
+}
+# 5. envoyproxy/ratelimit, built from the commit the program deploys (infra/gateway.py pins it).
+go_install "the ratelimit service" github.com/envoyproxy/ratelimit src/service_cmd \
+  "$(.venv/bin/python -c 'from infra import gateway as g; print(g.RATELIMIT_VERSION)')" .cache/bin
+# 6. Toxiproxy, the --faults profile's proxies (local/components/toxiproxy.py pins the version).
+go_install toxiproxy \
+  "$(.venv/bin/python -c 'from local.components import toxiproxy as t; print(t.MODULE)')" cmd/server \
+  "$(.venv/bin/python -c 'from local.components import toxiproxy as t; print(t.VERSION)')" \
+  .cache/toxiproxy
 wait "$collector_build" || { echo "local/setup.sh: the collector build failed" >&2; exit 1; }
 say "setup done"

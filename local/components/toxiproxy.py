@@ -19,6 +19,7 @@ profile: a proxy costs a hop per request.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -69,7 +70,7 @@ class Toxiproxy(Component):
 
     def prepare(self) -> None:
         self.layout.ensure()
-        if not (self.layout.cache / "toxiproxy" / "server").exists():
+        if not Path(binary(self.layout)).exists():
             raise MissingBinary(
                 f"toxiproxy {VERSION} is not installed at {binary(self.layout)}: run local/setup.sh"
             )
