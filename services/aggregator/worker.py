@@ -23,6 +23,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,28 @@ def _hold(held: OrderedDict[Any, None], items: Iterable[Any], what: str) -> None
     metrics.CACHE_UNSYNCED.labels(what).set(len(held))
 
 
+Plans = dict[str, Plan]  # post -> its cells a window wrote: (cell, state read, state written)
+
+
+def _patched(
+    read: dict[str, list[CellRow]], plans: Plans, post_ids: Iterable[str]
+) -> dict[str, list[CellRow]]:
+    """`read` (every cell of each post, read while the window's cells were being written) as a
+    read after that write returns it: a cell the window wrote shows the written state unless
+    the read saw one further along its partition's log (a later owner's)."""
+    out: dict[str, list[CellRow]] = {}
+    for pid in post_ids:
+        rows = {(r.region, r.shard): r for r in read.get(pid, ())}
+        for cell, _old, new in plans.get(pid, ()):
+            seen = rows.get((cell.region, cell.shard))
+            if seen is None or seen.applied < new.applied:
+                rows[cell.region, cell.shard] = CellRow(
+                    cell.region, cell.shard, new.value, new.applied, dict(new.reactions)
+                )
+        out[pid] = list(rows.values())
+    return out
+
+
 @dataclass
 class PartitionState:
     dedup: PartitionDedup
@@ -167,6 +190,8 @@ class Aggregator:
         self.recheck: OrderedDict[str, float] = OrderedDict()
         self._crash = settings.agg_test_crash
         self.stop = threading.Event()
+        # the flush's calls that overlap the cells' write (see _flush_window)
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="aggregator-flush")
         self.loop = LoopHealth((REGISTRY, WINDOW_FLUSH), clock=clock)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -192,6 +217,7 @@ class Aggregator:
                     log.warning("final flush failed; the next owner replays it",
                                 extra={"fields": {"error": str(e)}})  # fmt: skip
         finally:
+            self._pool.shutdown()
             self.consumer.close()
 
     def step(self, timeout: float = 0.1) -> None:
@@ -515,19 +541,34 @@ class Aggregator:
             self._flush_window(w)
 
     def _flush_window(self, w: Window) -> None:
+        """Cells, then aggregates, Bloom bits, purge, commit. Two steps overlap the cells'
+        write, the counter-store's slowest call (its commitlog syncs before it answers): the
+        Bloom adds (idempotent, and the likes they record are already edges) and the read of
+        every cell of the window's posts for their aggregates, which `_patched` then brings up
+        to what this window wrote (last write wins by offset, so the row further along the log
+        is the one a read after the write returns). Both are joined before the flush goes on
+        or fails; a failed read is retried after the write, as before."""
         t0 = time.perf_counter()
         posts = w.posts()
-        while True:
-            try:
-                cells_written = self._write_cells(w, posts)
-                break
-            except PoisonPosts as e:  # refused for good: dead-letter them, flush the rest
-                self._quarantine(w, e.errors)
-                posts = w.posts()
+        ids = [*posts, *(w.refresh - posts.keys())]
+        bloom_done = self._pool.submit(self._sync_likers, w.likers)
+        read_done = self._pool.submit(self.store.read_posts, ids)
+        try:
+            while True:
+                try:
+                    cells_written, plans = self._write_cells(w, posts)
+                    break
+                except PoisonPosts as e:  # refused for good: dead-letter them, flush the rest
+                    self._quarantine(w, e.errors)
+                    posts = w.posts()
+        finally:
+            bloom_done.result()  # never raises: a refused add is held for the next window
+            read_error = read_done.exception()
         if self._crash == "after-cells" and cells_written:
             os._exit(17)  # test hook: cells written, count-cache and offsets not
-        changed = self._sync_aggregates([*posts, *(w.refresh - posts.keys())])
-        self._sync_likers(w.likers)
+        ids = [*posts, *(w.refresh - posts.keys())]
+        rows = None if read_error is not None else _patched(read_done.result(), plans, ids)
+        changed = self._sync_aggregates(ids, rows)
         self._remember({*posts, *w.refresh}, w.likers)
         due = self.clock() + self.s.agg_remote_recheck_s
         for p in w.refresh:
@@ -564,14 +605,18 @@ class Aggregator:
             self.cells.pop(c, None)
         w.likers = {(u, p) for u, p in w.likers if p not in errors}
 
-    def _sync_aggregates(self, post_ids: list[str]) -> list[str]:
-        """The window's posts, then up to RETRY_CHUNK held ones, into the count-cache; refused
-        ones are held. Returns the posts whose aggregate changed (to purge)."""
+    def _sync_aggregates(
+        self, post_ids: list[str], read: dict[str, list[CellRow]] | None = None
+    ) -> list[str]:
+        """The window's posts (their cells `read` already, or read here), then up to
+        RETRY_CHUNK held ones, into the count-cache; refused ones are held. Returns the posts
+        whose aggregate changed (to purge)."""
         changed: list[str] = []
         for batch, fresh in ((post_ids, True), (list(self.unsynced_posts)[:RETRY_CHUNK], False)):
             if not batch:
                 continue
-            rows = self.store.read_posts(batch)  # raises: retry the window (cells are the record)
+            rows = read if fresh and read is not None else self.store.read_posts(batch)
+            # (read_posts raises: retry the window; the cells are the record)
             try:
                 changed += self._write_aggregates(batch, rows)
             except Exception as e:  # anything the cache raises (mid-failover, a slot map in
@@ -619,7 +664,7 @@ class Aggregator:
         while len(self.cells) > self.s.agg_cell_cache_size:
             self.cells.popitem(last=False)
 
-    def _write_cells(self, w: Window, posts: dict[str, list[CellKey]]) -> int:
+    def _write_cells(self, w: Window, posts: dict[str, list[CellKey]]) -> tuple[int, Plans]:
         """Fold the window into each cell it touched and write them (store.write_cells: last
         write wins by offset, so no read-compare-retry: a row another owner wrote further along
         the log shadows ours, and our cached state is still the true state at our offset)."""
@@ -647,7 +692,7 @@ class Aggregator:
                     # state would be written back over them at the next window (the
                     # edge-store-quorum-loss game day lost three likes of one post that way)
                     self._cache_put(c, w.cell_tp[c], st)
-        plans: dict[str, Plan] = {}
+        plans: Plans = {}
         for pid, cs in posts.items():
             plan = []
             for c in cs:
@@ -668,7 +713,7 @@ class Aggregator:
             written += len(done)
         metrics.STORE_WRITES.inc(written)
         metrics.STORE_BATCHES.inc(len(plans))
-        return written
+        return written, plans
 
     def _write_aggregates(self, post_ids: list[str], rows: dict[str, list[CellRow]]) -> list[str]:
         """CAS each post's aggregate + sub-counters, from its whole partition `rows` (other
