@@ -237,3 +237,29 @@ def test_settings_refuse_test_hooks_and_recording_purger_outside_local(
     s = AggregatorSettings(agg_topic_prefix="b1.")
     assert s.source_topics == ["b1.likes.committed", "b1.likes.voided", "b1.likes.unvoided"]
     assert s.dead_letter_topic == "b1.likes.dead-letter"
+
+
+def test_a_read_overlapping_the_cells_write_is_patched_to_what_the_write_wrote() -> None:
+    """The aggregates' read runs while the window's cells are written (worker._flush_window):
+    each written cell must show the written state, unless the read saw one further along the
+    log; every other cell, and every post the window did not write, stays as read."""
+    from services.aggregator.core import CellKey, CellRow, CellState
+    from services.aggregator.worker import _patched
+
+    read = {
+        "a": [CellRow("us", 0, 5, 10, {"like": 5}), CellRow("eu", 0, 7, 3, {"like": 7})],
+        "b": [CellRow("us", 0, 9, 50, {"like": 9})],  # a later owner wrote past this window
+        "c": [CellRow("us", 0, 1, 1, {})],
+    }
+    plans = {
+        "a": [(CellKey("a", "us", 0), CellState(5, 10, {}), CellState(8, 20, {"like": 8}))],
+        "b": [(CellKey("b", "us", 0), CellState(4, 30, {}), CellState(6, 40, {"like": 6}))],
+        "d": [(CellKey("d", "us", 1), CellState.empty(), CellState(2, 0, {"like": 2}))],
+    }
+    got = _patched(read, plans, ["a", "b", "c", "d"])
+    assert sorted((r.region, r.value, r.applied) for r in got["a"]) == [("eu", 7, 3), ("us", 8, 20)]
+    assert [(r.value, r.applied) for r in got["b"]] == [(9, 50)]
+    assert [(r.value, r.applied) for r in got["c"]] == [(1, 1)]
+    assert [(r.shard, r.value, r.applied, dict(r.reactions)) for r in got["d"]] == [
+        (1, 2, 0, {"like": 2})
+    ]
