@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import subprocess
 import sys
 import uuid
@@ -43,6 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.bench_read import post_json, run_load, serve  # noqa: E402
+from local import layout  # noqa: E402
+from local import tls as local_tls  # noqa: E402
+from services.contracts import tls  # noqa: E402
 
 
 async def baseline(settings: Any, users: list[str], posts: list[str], concurrency: int,
@@ -190,7 +194,18 @@ def settings_from(env: dict[str, str]) -> Any:
         os.environ.update(saved)
 
 
-def exact(settings: Any, liked: list[tuple[str, str]], read_url: str) -> tuple[bool, str]:
+def stack_read(lay: layout.Layout) -> tuple[str, ssl.SSLContext | bool]:
+    """The stack's read service as a caller inside the platform reaches it: in the --tls
+    profile https, with the gateway's client certificate (the services require one)."""
+    if not lay.tls:
+        return f"http://{layout.HOST}:{lay.ports.read}", True
+    ctx = tls.mtls_client_context(str(local_tls.workload_dir(lay, tls.GATEWAY)))
+    return f"https://{layout.HOST}:{lay.ports.read}", ctx
+
+
+def exact(
+    settings: Any, liked: list[tuple[str, str]], read: tuple[str, ssl.SSLContext | bool]
+) -> tuple[bool, str]:
     """Every accepted like is a liked edge, and every post's count converges to its likers."""
     from collections import Counter
 
@@ -210,7 +225,7 @@ def exact(settings: Any, liked: list[tuple[str, str]], read_url: str) -> tuple[b
     if missing:
         return False, f"{len(missing)} accepted likes have no liked edge, e.g. {missing[:3]}"
     truth = Counter(post for _u, post in liked)
-    api = LikesClient(write_url="", read_url=read_url)
+    api = LikesClient(write_url="", read_url=read[0], verify=read[1])
     result = convergence.wait_converged(
         lambda: {p: api.count(p)["count"] for p in truth}, dict(truth), timeout_s=120
     )
@@ -223,7 +238,12 @@ def _p(values: list[float], q: float) -> float:
 
 
 async def like_to_visible(
-    write_url: str, read_url: str, tokens: list[str], rate: float, duration: float, run: str
+    write_url: str,
+    read: tuple[str, ssl.SSLContext | bool],
+    tokens: list[str],
+    rate: float,
+    duration: float,
+    run: str,
 ) -> dict[str, Any]:
     """Open loop at `rate` likes/s for `duration` s, each on its own post, with tokens signed
     beforehand (`tokens`: at least rate x duration). Per like, seconds from sending it to its 202
@@ -258,7 +278,7 @@ async def like_to_visible(
             pending = [p for p in sent if p not in seen]
             for i in range(0, len(pending), 50):
                 chunk = pending[i : i + 50]
-                r = await client.post(f"{read_url}/v1/posts/likes:batch", json={"post_ids": chunk})
+                r = await client.post(f"{read[0]}/v1/posts/likes:batch", json={"post_ids": chunk})
                 now = time.perf_counter()
                 for post, item in zip(chunk, r.json()["items"], strict=True):
                     if (item.get("count") or 0) >= 1:
@@ -270,7 +290,7 @@ async def like_to_visible(
     limits = httpx.Limits(max_connections=64)
     async with (
         httpx.AsyncClient(timeout=10, limits=limits) as w,
-        httpx.AsyncClient(timeout=10) as r,
+        httpx.AsyncClient(timeout=10, verify=read[1]) as r,
     ):
         done = asyncio.Event()
         poller = asyncio.create_task(poll(r, done))
@@ -316,7 +336,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    from local import layout, transforms
+    from local import transforms
 
     lay = layout.for_benchmark()
     procs_by_name = {p.workload.name: p for p in transforms.processes(lay, lay.stack, check=False)}
@@ -350,7 +370,7 @@ def main() -> None:
         visible = asyncio.run(
             like_to_visible(
                 f"http://127.0.0.1:{args.port}",
-                f"http://{layout.HOST}:{lay.ports.read}",
+                stack_read(lay),
                 tokens,
                 rate,
                 args.visible_duration,
@@ -366,7 +386,7 @@ def main() -> None:
     sent = w.pop("sent")
     print(f"{'write: POST /v1/likes':28s} {w['rps']:8.0f} likes/s  p50 {w['p50_ms']:7.2f} ms"
           f"  p99 {w['p99_ms']:7.2f} ms", flush=True)  # fmt: skip
-    ok, why = exact(settings, [pairs[i] for i in sent], f"http://{layout.HOST}:{lay.ports.read}")
+    ok, why = exact(settings, [pairs[i] for i in sent], stack_read(lay))
     print(f"{'like → visible count':28s} {visible['rate_sent']:8.1f} likes/s sent "
           f"(offered {visible['rate_offered']:.1f}), n={visible['n']}, not visible in 30 s: "
           f"{visible['late']}, refused: {visible['refused']}", flush=True)  # fmt: skip
