@@ -358,6 +358,17 @@ def produce_poison(n: int = 3) -> list[str]:
     return keys
 
 
+def prefer_leaders(topics: list[str]) -> int:
+    """Each partition of `topics` led by its preferred replica (see kafka_faults.prefer_leaders):
+    before a fault aimed at one broker, so that it leads its share. Raises if some still are
+    not after 30 s."""
+    left = kafka_faults.prefer_leaders(kafka_config(), topics)
+    if left:
+        raise RuntimeError(f"{left} partition(s) of {topics} still not led by their preferred "
+                           "replica after 30 s")  # fmt: skip
+    return left
+
+
 def refuse_records(topics: list[str]) -> list[str]:
     """The brokers refuse every record written to `topics` until `accept_records`."""
     traffic.mark(f"refuse {' '.join(topics)}")
@@ -370,6 +381,30 @@ def accept_records(topics: list[str]) -> list[str]:
     kafka_faults.set_records_refused(kafka_config(), topics, False)
     traffic.mark(f"accept {' '.join(topics)}")
     return topics
+
+
+def _outage_url(receiver: str) -> str:
+    from local import webhook_sink
+
+    lay = layout.from_env()
+    return f"http://{layout.HOST}:{lay.ports.webhook_sink}/{webhook_sink.OUTAGE}/{receiver}"
+
+
+def purge_api_outage(status: int = 503) -> int:
+    """The local Cloudflare API (the webhook sink's receiver) answers `status` to every purge
+    until `end_purge_api_outage`: the aggregator's purges really fail and are given up on."""
+    traffic.mark(f"purge API answers {status}")
+    httpx.put(_outage_url(transforms.CLOUDFLARE_SINK), json={"status": status},
+              timeout=5).raise_for_status()  # fmt: skip
+    return status
+
+
+def end_purge_api_outage() -> bool:
+    """Undo `purge_api_outage` (idempotent: in the rollbacks as well)."""
+    r = httpx.delete(_outage_url(transforms.CLOUDFLARE_SINK), timeout=5)
+    r.raise_for_status()
+    traffic.mark("purge API back")
+    return bool(r.json().get("ended"))
 
 
 def set_flag(switch: str, on: bool = True) -> dict[str, Any]:

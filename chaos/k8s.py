@@ -49,7 +49,8 @@ SCYLLA_CLUSTER_LABEL = "scylla/cluster"
 SIDECAR_OF = {"abuse-model": "abuse-scorer"}
 _NODE = re.compile(r"^(?P<component>[a-z][a-z0-9-]*?)-(?P<n>\d+)$")  # kafka-2, idem-store-3
 _FAULTS = {"kill": 0, "stop": -1}  # grace period: none (SIGKILL), or the pod's own (SIGTERM)
-_NO_COUNTERPART = {"start_traffic", "stop_traffic", "restart", "up"}
+# (a cluster that has been up a while has its preferred leaders: the brokers rebalance them)
+_NO_COUNTERPART = {"start_traffic", "stop_traffic", "restart", "up", "prefer_leaders"}
 # faults dealt to the data or the control plane (chaos/actions.py), not to a pod
 _DATA_FAULTS = {"produce_poison", "refuse_records", "accept_records", "set_flag", "unset_flag",
                 "split_post", "unsplit_post", "push_bad_config", "remove_bad_config",
@@ -63,6 +64,8 @@ _OTHER_FAULTS = {
     "aimed at the cluster's gateway would be its counterpart (not built)",
     "restart_cold": "a restart then FLUSHALL: emptying production's count-cache is not a fault "
     "to aim at a live cluster",
+    "purge_api_outage": "an outage of the CDN's purge API (Cloudflare's, no pod of ours): a "
+    "fault proxy in front of the aggregators' egress would be its counterpart (not built)",
 }
 RECOVERY_WAIT_S = 60  # after the fault's own pause: for the controllers' new pods to run
 

@@ -4,13 +4,14 @@ fault tests (tests/integration/faults.py). Each takes a client's connection sett
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import ElectionType, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -67,3 +68,27 @@ def records_refused(config: dict[str, Any], *topics: str) -> Iterator[None]:
         yield
     finally:
         set_records_refused(config, list(topics), False)
+
+
+def prefer_leaders(config: dict[str, Any], topics: list[str], timeout_s: float = 30.0) -> int:
+    """Every partition of `topics` led by its preferred replica (the first of its assignment), as
+    a cluster that has been up a while is (the brokers rebalance leaders every 5 minutes): after
+    a restart the broker that came up first leads nearly everything, and a fault aimed at one
+    broker would hit all or none of the traffic. Returns the partitions not led by their
+    preferred replica at the end (0: all are)."""
+    admin = AdminClient(config)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = admin.list_topics(timeout=10)
+        off = [
+            TopicPartition(t, p.id)
+            for t in topics
+            for p in md.topics[t].partitions.values()
+            if p.replicas and p.leader != p.replicas[0]
+        ]
+        if not off or time.monotonic() >= deadline:
+            return len(off)
+        # ELECTION_NOT_NEEDED, or a replica not in sync yet: look again
+        with contextlib.suppress(KafkaException):
+            admin.elect_leaders(ElectionType.PREFERRED, off).result(10)
+        time.sleep(1)

@@ -21,7 +21,9 @@ NETWORK_FAULTS = {"add_toxic"}  # through the --faults profile's proxies
 DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_flag": "unset_flag",
                "split_post": "unsplit_post", "register_incompatible_schema": None,
                "drop_answers": "keep_answers", "push_bad_config": "remove_bad_config",
-               "push_stale_hot_flag": "remove_stale_hot_flag"}  # fmt: skip
+               "push_stale_hot_flag": "remove_stale_hot_flag",
+               "purge_api_outage": "end_purge_api_outage"}  # fmt: skip
+MODE_PROBES = {"post_cells_spread", "anonymous_max_age"}  # after invariants_hold, a mode's own
 runner = CliRunner()
 
 
@@ -63,8 +65,10 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
     for u in undo:  # undone in the method, and again in the rollbacks (which always run)
         assert u in method and u in funcs(exp["rollbacks"]), u
     probes = exp["steady-state-hypothesis"]["probes"]
+    # the invariants first (they stop the traffic); a mode's own checks after, on what it left
     assert [(p["provider"]["module"], p["provider"]["func"], p["tolerance"]) for p in probes] == [
-        ("chaos.probes", "invariants_hold", True)
+        ("chaos.probes", "invariants_hold", True),
+        *(("chaos.probes", f, True) for f in funcs(probes[1:]) if f in MODE_PROBES),
     ]
     assert funcs(exp["rollbacks"]) == [*undo, "stop_traffic", "up"]
     assert exp["configuration"] == {"mode": mode_id}  # the probe reads its alerts from the entry
@@ -121,6 +125,12 @@ def test_the_expected_alerts_are_the_catalogs_but_the_watchdog() -> None:
              "ConsumerLagBudgetBurn": {"fired_s": 25.0, "resolved_s": None}}  # fmt: skip
     assert not probes._fired_and_resolved(fired, ["AggregatorStalled", "ConsumerLagBudgetBurn"])
     assert probes._fired_and_resolved(fired, ["AggregatorStalled"])
+    # a fire-only alert (its window outlasts the run) must fire; it need not resolve
+    assert probes.fire_only_alerts("dlq-unbounded-growth") == {"DeadLetterDailyGrowth"}
+    assert probes.fire_only_alerts("aggregator-crash") == set()
+    assert probes._fired_and_resolved(fired, ["ConsumerLagBudgetBurn"], {"ConsumerLagBudgetBurn"})
+    never = {"DeadLetterDailyGrowth"}  # not in `fired` at all
+    assert not probes._fired_and_resolved(fired, sorted(never), never)
 
 
 def test_the_report_has_a_table_a_section_and_a_plot_per_experiment(tmp_path: Path) -> None:

@@ -67,6 +67,9 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "etcd-bad-config-push",
         "etcd-stale-hotkey-flag",
         "registry-incompatible-schema",
+        "counter-store-hot-post",  # an etcd split
+        "cdn-stale-after-purge-failure",  # the CDN's purge API, not a pod
+        "dlq-unbounded-growth",  # poison records
     }, none
     assert "Toxiproxy" in none["kafka-cross-az-partition"]
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
