@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 import httpx
@@ -90,6 +91,7 @@ def start_traffic(
         users=users, posts=posts, writers=writers, readers=readers, write_rate=write_rate,
     )  # fmt: skip
     _poison.clear()  # an earlier experiment's, in a game day's one process
+    _ring.clear()
     traffic.begin(t)
     return {"run": t.run, "posts": t.post_ids}
 
@@ -367,6 +369,42 @@ def prefer_leaders(topics: list[str]) -> int:
         raise RuntimeError(f"{left} partition(s) of {topics} still not led by their preferred "
                            "replica after 30 s")  # fmt: skip
     return left
+
+
+_ring: list[tuple[str, str]] = []  # the (user, post) likes of this run's bot ring (bot_storm)
+
+
+def ring() -> tuple[tuple[str, str], ...]:
+    """The likes `bot_storm` sent since the traffic started."""
+    return tuple(_ring)
+
+
+def bot_storm(bots: int = 8) -> dict[str, Any]:
+    """A bot ring likes every post of the traffic through the gateway, beside it: `bots` fresh
+    accounts (an hour old) on one /24 of the run's own (198.18.0.0/15, the benchmarking range:
+    the scorer remembers an hour of earlier runs' rings), sharing two device fingerprints, each
+    liking every post within a second or two, as services/abuse/generator.py's rings do. Their
+    likes go in the traffic's ledger: the invariants count them like any other."""
+    from services.contracts import signals
+
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic first")
+    lay = layout.from_env()
+    n = int(t.run[:4], 16)
+    net = f"198.{18 + (n >> 8) % 2}.{n % 256}"
+    created = int(time.time()) - 3600
+    likes = []
+    for i in range(bots):
+        user = f"gd-{t.run}-bot{i}"
+        token = transforms.sign_token(lay, user, account_created=created)
+        headers = {signals.CLIENT_IP_HEADER: f"{net}.{10 + i}",
+                   signals.DEVICE_HEADER: f"ring-{t.run}-{i % 2}"}  # fmt: skip
+        likes += [(user, post, token, headers) for post in t.post_ids]
+    traffic.mark(f"bot storm: {bots} accounts on {net}.0/24")
+    _ring.extend((u, p) for u, p, _t, _h in likes)
+    accepted = t.likes_as(likes)
+    return {"bots": bots, "likes": len(likes), "accepted": accepted, "network": f"{net}.0/24"}
 
 
 def refuse_records(topics: list[str]) -> list[str]:

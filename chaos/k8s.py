@@ -64,6 +64,8 @@ _OTHER_FAULTS = {
     "aimed at the cluster's gateway would be its counterpart (not built)",
     "restart_cold": "a restart then FLUSHALL: emptying production's count-cache is not a fault "
     "to aim at a live cluster",
+    "bot_storm": "dealt by the game day's own clients (a bot ring), not to a pod: the local "
+    "traffic aimed at the cluster's gateway would be its counterpart (not built)",
     "purge_api_outage": "an outage of the CDN's purge API (Cloudflare's, no pod of ours): a "
     "fault proxy in front of the aggregators' egress would be its counterpart (not built)",
 }

@@ -205,6 +205,42 @@ def anonymous_max_age(at_most: int = 30) -> bool:
     return ok
 
 
+def storm_voided(min_voided: float = 0.8, min_degraded: float = 0.5) -> bool:
+    """After `invariants_hold` (which waited until every count equals its post's non-void liked
+    edges): at least `min_voided` of the bot ring's accepted likes (actions.bot_storm) are void
+    in the edge-store, and at least `min_degraded` of its accounts are degraded (the write path
+    lets them like once a minute). How many of the other clients' likes were voided is
+    reported. Before the method (no traffic yet): true."""
+    from services.contracts import degrade
+
+    t = traffic.current()
+    if t is None:
+        return True
+    bots = [p for p in actions.ring() if p in t.ledger]
+    users = sorted({u for u, _p in actions.ring()})
+    settings = stack_settings.platform_settings()
+    cluster, session = clients.cassandra(settings)
+    try:
+        q = session.prepare(
+            "SELECT void FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+        )
+        accepted = sorted(t.ledger)
+        rows = execute_concurrent_with_args(session, q, accepted, concurrency=64)
+        void = {pair for pair, (ok, r) in zip(accepted, rows, strict=True)
+                if ok and (row := r.one()) is not None and row.void}  # fmt: skip
+    finally:
+        cluster.shutdown()
+    idem = clients.idem_store(settings, timeout=2.0)
+    degraded = sum(degrade.is_degraded(idem, u) for u in users)
+    voided = sum(1 for p in bots if p in void)
+    ok = bool(bots) and voided >= min_voided * len(bots) and degraded >= min_degraded * len(users)
+    last.setdefault("checks", {})["storm_voided"] = ok
+    last["storm"] = {"ring_likes_accepted": len(bots), "ring_likes_voided": voided,
+                     "accounts": len(users), "degraded": degraded,
+                     "other_likes_voided": len(void) - voided}  # fmt: skip
+    return ok
+
+
 def _dead_lettered(keys: list[str], group: str, timeout_s: float = 30.0) -> set[str]:
     """Which of these message keys likes.dead-letter holds a record of, sent by `group`."""
     from confluent_kafka import Consumer, TopicPartition

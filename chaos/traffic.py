@@ -130,10 +130,35 @@ class Traffic:
                 self._like(c, *pair)
                 self._stop.wait(max(0.0, gap - (time.monotonic() - began)))
 
-    def _like(self, c: httpx.Client, user: str, post: str) -> None:
-        key, token = str(uuid.uuid4()), self.token(user)
+    def likes_as(self, likes: list[tuple[str, str, str, dict[str, str]]], workers: int = 8) -> int:
+        """Likes of other clients than the writers' own, sent now beside them and kept in the
+        same ledger: (user, post, token, headers) each (abuse-bot-storm's ring: its own tokens,
+        addresses and devices). Returns how many were accepted."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._lock:
+            self.attempted += [(u, p) for u, p, _t, _h in likes]
+
+        def one(like: tuple[str, str, str, dict[str, str]]) -> None:
+            with httpx.Client(timeout=self.timeout_s) as c:
+                self._like(c, like[0], like[1], like[2], like[3])
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(one, likes))
+        with self._lock:
+            return sum(1 for u, p, _t, _h in likes if (u, p) in self.ledger)
+
+    def _like(
+        self,
+        c: httpx.Client,
+        user: str,
+        post: str,
+        token: str | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        key, token = str(uuid.uuid4()), token or self.token(user)
         headers = {"authorization": f"Bearer {token}", "idempotency-key": key,
-                   routes.CLIENT_IP_HEADER: client_ip(token)}  # fmt: skip
+                   routes.CLIENT_IP_HEADER: client_ip(token), **(extra or {})}  # fmt: skip
         body = {"post_id": post, "action": "like", "reaction": "like"}
         backoff = 0.2
         if self.drop_answers and random.random() < self.drop_answers:

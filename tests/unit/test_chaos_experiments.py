@@ -22,8 +22,9 @@ DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_
                "split_post": "unsplit_post", "register_incompatible_schema": None,
                "drop_answers": "keep_answers", "push_bad_config": "remove_bad_config",
                "push_stale_hot_flag": "remove_stale_hot_flag",
-               "purge_api_outage": "end_purge_api_outage"}  # fmt: skip
-MODE_PROBES = {"post_cells_spread", "anonymous_max_age"}  # after invariants_hold, a mode's own
+               "purge_api_outage": "end_purge_api_outage", "bot_storm": None}  # fmt: skip
+# a mode's own checks, after invariants_hold
+MODE_PROBES = {"post_cells_spread", "anonymous_max_age", "storm_voided"}
 runner = CliRunner()
 
 

@@ -70,6 +70,7 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "counter-store-hot-post",  # an etcd split
         "cdn-stale-after-purge-failure",  # the CDN's purge API, not a pod
         "dlq-unbounded-growth",  # poison records
+        "abuse-bot-storm",  # the clients' own
     }, none
     assert "Toxiproxy" in none["kafka-cross-az-partition"]
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
