@@ -1,5 +1,6 @@
-"""Dashboards as code: six Grafana dashboards (edge, write, read, stream, hot keys, control plane)
-built with grafana-foundation-sdk, provisioned read-only from a ConfigMap (infra/observability.py).
+"""Dashboards as code: seven Grafana dashboards (edge, write, read, stream, hot keys, control plane,
+abuse) built with grafana-foundation-sdk, provisioned read-only from a ConfigMap
+(infra/observability.py).
 
 Every panel query reads a metric name from where it is defined once: our own from
 services/contracts/metrics.py, the SLO recordings from infra/alert_rules.py; the exporters' names
@@ -481,7 +482,96 @@ CONTROL_PLANE = Board(
     ),
 )
 
-BOARDS: tuple[Board, ...] = (EDGE, WRITE, READ, STREAM, HOT_KEYS, CONTROL_PLANE)
+ABUSE = Board(
+    "likes-abuse",
+    "Likes / Abuse",
+    "The abuse scorer (consumes likes.committed, voids bots' likes, degrades storming accounts) "
+    "and its model server (the sidecar it calls over gRPC).",
+    (
+        (
+            "Scorer",
+            (
+                panel(
+                    "Likes consumed and scored",
+                    "ops",
+                    q(f"sum(rate({m.ABUSE_EVENTS_CONSUMED}[{RI}]))", "consumed"),
+                    q(f"sum(rate({m.ABUSE_SCORED}[{RI}]))", "scored"),
+                    description="Scored stays under consumed while scoring is deferred.",
+                ),
+                panel(
+                    "Voids by result",
+                    "ops",
+                    q(f"sum by (result) (rate({m.ABUSE_VOIDS}[{RI}]))", "{{result}}"),
+                    description="`voided`: a like taken out of its count; `replayed`: a void "
+                    "found already written (a retry, harmless).",
+                ),
+                panel(
+                    "Bot probability p50 / p99",
+                    "percentunit",
+                    *(
+                        q(
+                            f"histogram_quantile({p}, sum by (le) "
+                            f"(rate({m.ABUSE_SCORES}_bucket[{RI}])))",
+                            f"p{label}",
+                        )
+                        for p, label in ((0.5, "50"), (0.99, "99"))
+                    ),
+                ),
+                panel(
+                    "Accounts degraded, scoring deferred",
+                    "short",
+                    q(
+                        f"sum(increase({m.ABUSE_DEGRADED}[{alert_rules.ABUSE_STORM_WINDOW}]))",
+                        f"degraded in {alert_rules.ABUSE_STORM_WINDOW}",
+                    ),
+                    q(f"max({m.ABUSE_DEFERRED})", "deferred (1: a batch waits)"),
+                    description=f"AbuseStorm pages at {alert_rules.ABUSE_STORM_ACCOUNTS} "
+                    f"accounts degraded in {alert_rules.ABUSE_STORM_WINDOW}.",
+                ),
+                panel(
+                    "Dependency failures",
+                    "ops",
+                    q(
+                        f"sum by (dependency) (rate({m.ABUSE_DEPENDENCY_FAILURES}[{RI}]))",
+                        "{{dependency}}",
+                    ),
+                ),
+            ),
+        ),
+        (
+            "Model server",
+            (
+                panel(
+                    "Score calls by answer",
+                    "reqps",
+                    q(f"sum by (code) (rate({m.ABUSE_MODEL_CALLS}[{RI}]))", "{{code}}"),
+                ),
+                panel(
+                    "Rows scored",
+                    "ops",
+                    q(f"sum(rate({m.ABUSE_MODEL_ROWS}[{RI}]))", "rows"),
+                ),
+                panel(
+                    "Score call latency p99",
+                    "s",
+                    q(
+                        "histogram_quantile(0.99, sum by (le) "
+                        f"(rate({m.ABUSE_MODEL_SECONDS}_bucket[{RI}])))",
+                        "p99",
+                    ),
+                ),
+                stat(
+                    "Model version serving",
+                    "short",
+                    q(f"max by (version) ({m.ABUSE_MODEL_SERVING})", "{{version}}"),
+                    description="One version per model server after a `likes abuse use`.",
+                ),
+            ),
+        ),
+    ),
+)
+
+BOARDS: tuple[Board, ...] = (EDGE, WRITE, READ, STREAM, HOT_KEYS, CONTROL_PLANE, ABUSE)
 
 
 # --- building --------------------------------------------------------------------------------

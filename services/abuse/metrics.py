@@ -19,6 +19,9 @@ DEFERRED = Gauge(names.ABUSE_DEFERRED, "1 while a batch waits for the model serv
 DEPENDENCY_FAILURES = Counter(
     names.ABUSE_DEPENDENCY_FAILURES, "Scoring attempts a dependency failed", ["dependency"]
 )
+# bound at start, so "no void, no failure" reads 0 on a dashboard, not "No data"
+for _result in ("voided", "replayed"):
+    VOIDS.labels(_result)
 DEGRADED = Counter(names.ABUSE_DEGRADED, "Accounts degraded for a storm of voided likes")
 LOOP_TIMESTAMP = Gauge(
     names.ABUSE_LOOP_TIMESTAMP, "Unix time the scorer's loop last went round (a heartbeat)"

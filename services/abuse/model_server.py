@@ -48,6 +48,7 @@ DRAIN_S = 5.0  # SIGTERM: calls in flight get this long to finish
 log = logging.getLogger("abuse.model_server")
 
 CALLS = Counter(names.ABUSE_MODEL_CALLS, "Score calls, by the gRPC code answered", ["code"])
+CALLS.labels(grpc.StatusCode.OK.name)  # bound at start: an idle server reads 0, not "No data"
 ROWS = Counter(names.ABUSE_MODEL_ROWS, "Rows (likes) given a probability")
 SECONDS = Histogram(
     names.ABUSE_MODEL_SECONDS, "Time to answer a Score call",

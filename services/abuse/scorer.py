@@ -53,6 +53,8 @@ log = logging.getLogger("abuse.scorer")
 
 MODEL = "model"
 EDGE_STORE = "edge-store"
+for _dep in (MODEL, EDGE_STORE):  # bound at start: "no failure" reads 0, not "No data"
+    metrics.DEPENDENCY_FAILURES.labels(_dep)
 
 
 class Model(Protocol):

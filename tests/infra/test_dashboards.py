@@ -1,4 +1,4 @@
-"""The dashboards as the program renders them (under Pulumi's mocks): the six boards in Grafana's
+"""The dashboards as the program renders them (under Pulumi's mocks): the seven boards in Grafana's
 ConfigMap, every query valid PromQL for the Prometheus the program pins, every panel on the
 provisioned datasource, and Grafana mounting both where its provisioning says. That every query
 returns data on a running stack is tests/integration/test_dashboards.py."""
@@ -16,7 +16,7 @@ from infra import dashboards, observability, plan, platform
 from local import observability_render
 from tests.infra.conftest import STACKS, named, tool
 
-BOARDS = {"edge", "write", "read", "stream", "hotkeys", "control-plane"}
+BOARDS = {"edge", "write", "read", "stream", "hotkeys", "control-plane", "abuse"}
 
 
 def targets(board: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -29,7 +29,7 @@ def _grafana(p: plan.Plan) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_the_six_boards_are_rendered_into_grafanas_config_map(
+def test_the_seven_boards_are_rendered_into_grafanas_config_map(
     plans: dict[str, plan.Plan], stack: str
 ) -> None:
     rendered = observability_render.from_plan(plans[stack]).dashboards
