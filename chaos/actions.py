@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import io
+import json
 import logging
 import os
 import signal
@@ -157,6 +160,73 @@ def stop(servers: list[str]) -> list[str]:
     return [n for n in _names(sup, servers) if sup.stop(n)]
 
 
+_hung: dict[str, int] = {}  # server -> pid whose main thread hang_loop stopped
+
+
+def _ops(server: str, path: str) -> int | None:
+    """The status a worker's ops server answers on `path` now (None: no answer)."""
+    lay = layout.from_env()
+    url = f"http://{layout.HOST}:{transforms.local_ops_port(lay, server)}{path}"
+    try:
+        return httpx.get(url, timeout=3).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def hang_loop(servers: list[str]) -> list[str]:
+    """Stop each worker's consumer loop (its main thread, ptrace: chaos/process_faults.py) and
+    leave its ops server running, as a stuck store call or a compaction stall would: /metrics
+    answers, the loop's heartbeat stands still, /healthz fails once the loop is stale.
+    `liveness_restart` (or `up`) ends it."""
+    from chaos import process_faults
+
+    sup = stack_supervisor()
+    running = sup.running()
+    traffic.mark(f"hang {' '.join(servers)}")
+    for name in _names(sup, servers):
+        e = running.get(name)
+        if e is None:
+            raise RuntimeError(f"{name} is not running")
+        process_faults.stop_main_thread(e.pid, functools.partial(_answers, name))
+        _hung[name] = e.pid
+    return sorted(_hung)
+
+
+def _answers(server: str) -> bool:
+    from services.contracts import workloads
+
+    return _ops(server, workloads.METRICS_PATH) == 200
+
+
+def _release(name: str) -> None:
+    from chaos import process_faults
+
+    pid = _hung.pop(name, None)
+    if pid is not None:
+        with contextlib.suppress(OSError):  # gone (killed) or already let go
+            process_faults.resume_main_thread(pid)
+
+
+def liveness_restart(servers: list[str]) -> dict[str, int | None]:
+    """What the kubelet does to a hung worker: its liveness probe (/healthz) must be failing
+    now (raises otherwise: the cluster would leave it hung), then SIGKILL and a restart, as a
+    new pod. Returns the /healthz status each answered before the kill."""
+    from services.contracts import workloads
+
+    sup = stack_supervisor()
+    names = _names(sup, servers)
+    live = {n: _ops(n, workloads.HEALTH_PATH) for n in names}
+    if any(status == 200 for status in live.values()):
+        for n in names:
+            _release(n)
+        raise RuntimeError(f"liveness still passes, the kubelet would not restart: {live}")
+    kill(servers)
+    for n in names:
+        _release(n)
+    restart(servers)
+    return live
+
+
 def shard_of(component: str, key: str) -> tuple[str, str | None]:
     """The servers (primary, its replica or None) of the local Redis Cluster `component` that
     own `key`'s slot now, read from CLUSTER NODES (a failover moves them)."""
@@ -241,7 +311,10 @@ def restart(servers: list[str]) -> list[str]:
 def up() -> list[str]:
     """Undo every fault: SIGCONT to every recorded server, every toxic removed and every proxy
     enabled (the --faults profile), then start whatever is not running and wait until it answers
-    (`likes local up`, minus its render when nothing is down)."""
+    (`likes local up`, minus its render when nothing is down). A loop `hang_loop` stopped is let
+    go first."""
+    for name in list(_hung):
+        _release(name)
     sup = stack_supervisor()
     if sup.layout.faults:
         with contextlib.suppress(httpx.HTTPError):  # Toxiproxy itself down: started below
@@ -405,6 +478,67 @@ def bot_storm(bots: int = 8) -> dict[str, Any]:
     _ring.extend((u, p) for u, p, _t, _h in likes)
     accepted = t.likes_as(likes)
     return {"bots": bots, "likes": len(likes), "accepted": accepted, "network": f"{net}.0/24"}
+
+
+_models: dict[str, str] = {}  # "good" (the version served before) and "bad" (deploy_bad_model)
+
+
+def deploy_bad_model() -> dict[str, Any]:
+    """A bad model deploy: a copy of the model being served, saved as a new version whose
+    threshold is 0 (every like it scores is voided), then served (`likes abuse use`): the model
+    servers load it within their reload interval. `rollback_model` undoes it."""
+    from cli import abuse as abuse_cli
+    from services.abuse import model
+
+    t = traffic.current()
+    directory = model.default_dir()
+    good = model.current_version(directory)
+    if good is None:
+        raise RuntimeError(f"no current abuse model in {directory}")
+    served = model.load(directory, good)
+    bad = model.Model(
+        f"{good}-bad-{t.run if t else 'gameday'}", served.estimator, 0.0,
+        {**served.meta, "threshold": 0.0, "note": "game day: a bad deploy that voids every like"},
+    )  # fmt: skip
+    bad.meta["version"] = bad.version
+    model.save(bad, directory, make_current=False)
+    _models.update(good=good, bad=bad.version)
+    traffic.mark(f"abuse model {bad.version} served (threshold 0)")
+    _quietly(abuse_cli.use, bad.version, model_dir=None, yes=True, as_json=True)
+    return {"good": good, "bad": bad.version}
+
+
+def rollback_model(since: str = "10m") -> dict[str, Any]:
+    """The runbook's rollback of a bad model deploy: `likes abuse use <previous>`, a reload
+    interval for the model servers (and the scorer's batch in flight) to be done with the bad
+    one, then `likes abuse unvoid --model-version <bad> --since SINCE`: its voids taken back,
+    their likes counted again. Idempotent (nothing deployed: nothing done; an unvoid finds
+    nothing left to take back)."""
+    from cli import abuse as abuse_cli
+    from cli import unvoid as unvoid_cli
+    from services.abuse import model, model_server
+
+    if not _models:
+        return {}
+    good, bad = _models["good"], _models["bad"]
+    if model.current_version(model.default_dir()) != good:
+        _quietly(abuse_cli.use, good, model_dir=None, yes=True, as_json=True)
+        traffic.mark(f"abuse model {good} served again")
+        time.sleep(model_server.RELOAD_S + 5)
+    out = _quietly(unvoid_cli.unvoid, model_version=bad, since=since, dry_run=False, yes=True,
+                   json_out=True)  # fmt: skip
+    traffic.mark(f"voids of {bad} taken back")
+    _models.clear()
+    return {"good": good, "bad": bad, "unvoid": json.loads(out.splitlines()[-1])}
+
+
+def _quietly(command: Any, *args: Any, **kwargs: Any) -> str:
+    """A CLI command's function called in-process, its --json output captured (the game day's
+    own --json is the only thing on stdout); returns that output."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        command(*args, **kwargs)
+    return buf.getvalue()
 
 
 def refuse_records(topics: list[str]) -> list[str]:

@@ -241,6 +241,28 @@ def storm_voided(min_voided: float = 0.8, min_degraded: float = 0.5) -> bool:
     return ok
 
 
+def none_voided() -> bool:
+    """After `invariants_hold`: none of the traffic's accepted likes is void in the edge-store
+    (a bad model's voids all taken back: abuse-bad-model-deploy). Before the method: true."""
+    t = traffic.current()
+    if t is None:
+        return True
+    cluster, session = clients.cassandra(stack_settings.platform_settings())
+    try:
+        q = session.prepare(
+            "SELECT void FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+        )
+        accepted = sorted(t.ledger)
+        rows = execute_concurrent_with_args(session, q, accepted, concurrency=64)
+        void = [pair for pair, (ok, r) in zip(accepted, rows, strict=True)
+                if not ok or ((row := r.one()) is not None and row.void)]  # fmt: skip
+    finally:
+        cluster.shutdown()
+    last.setdefault("checks", {})["none_voided"] = not void
+    last["voided"] = {"accepted": len(t.ledger), "void": len(void), "e.g.": void[:5]}
+    return not void
+
+
 def _dead_lettered(keys: list[str], group: str, timeout_s: float = 30.0) -> set[str]:
     """Which of these message keys likes.dead-letter holds a record of, sent by `group`."""
     from confluent_kafka import Consumer, TopicPartition

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -59,46 +57,6 @@ def set_sink_outage(stack: Stack, receiver: str, status: int | None) -> None:
         httpx.delete(url, timeout=5).raise_for_status()
     else:
         httpx.put(url, json={"status": status}, timeout=5).raise_for_status()
-
-
-# ptrace(2) requests (linux/ptrace.h)
-_PTRACE_DETACH, _PTRACE_SEIZE, _PTRACE_INTERRUPT = 17, 0x4206, 0x4207
-_WALL = 0x40000000
-
-
-def _ptrace(request: int, tid: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-    libc.ptrace.restype = ctypes.c_long
-    if libc.ptrace(request, tid, None, None) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"ptrace({request:#x}, {tid}): {os.strerror(errno)}")
-
-
-@contextmanager
-def hung_main_thread(pid: int, answers: Callable[[], bool], attempts: int = 5) -> Iterator[None]:
-    """The process's main thread (a worker's loop) stops, its other threads (the ops server:
-    /healthz, /metrics) go on: a hung call as the loop would see it, from outside, with no
-    hook in the service. ptrace stops that one thread (SEIZE + INTERRUPT, no group stop) and
-    DETACH lets it go; a tracer that dies detaches too. Python's GIL: a thread stopped while
-    holding it would stall the others, so the stop is retried until `answers()` (the ops
-    server) still answers with it in force."""
-    for _ in range(attempts):
-        _ptrace(_PTRACE_SEIZE, pid)
-        _ptrace(_PTRACE_INTERRUPT, pid)
-        os.waitpid(pid, _WALL)  # stopped
-        if answers():
-            break
-        _ptrace(_PTRACE_DETACH, pid)  # stopped while holding the GIL: again
-        time.sleep(0.3)
-    else:
-        raise AssertionError(
-            f"pid {pid}: no stop of its main thread left its other threads running"
-        )
-    try:
-        yield
-    finally:
-        _ptrace(_PTRACE_DETACH, pid)
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import redis
 
+from chaos import process_faults
 from cli import alerts as cli_alerts
 from cli import runbook as runbook_cli
 from infra import alert_rules
@@ -187,7 +188,9 @@ def test_hung_worker_loops_page_through_their_alerts_and_all_resolve(stack: Stac
     injected = time.time()
     try:
         for w in (workloads.OUTBOX_RELAY, workloads.AGGREGATOR):
-            hung.enter_context(faults.hung_main_thread(int(status[w.name]["pid"]), answers(w.name)))
+            hung.enter_context(
+                process_faults.hung_main_thread(int(status[w.name]["pid"]), answers(w.name))
+            )
         produce_like(stack)
         fired = _wait(stack, "AggregatorStalled", stalled, "firing", 240)
         assert _at(fired["started_at"]) > injected

@@ -15,16 +15,18 @@ from chaos import catalog
 from cli.main import app
 
 EXPERIMENTS = sorted(p.stem for p in catalog.EXPERIMENTS.glob("*.json"))
-FAULTS = {"kill", "stop", "pause", "kill_shard", "add_toxic"}  # to servers the catalog names
+# to servers the catalog names
+FAULTS = {"kill", "stop", "pause", "kill_shard", "add_toxic", "hang_loop"}
 NETWORK_FAULTS = {"add_toxic"}  # through the --faults profile's proxies
 # dealt to the data or the control plane, and what undoes each (in the method and the rollbacks)
 DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_flag": "unset_flag",
                "split_post": "unsplit_post", "register_incompatible_schema": None,
                "drop_answers": "keep_answers", "push_bad_config": "remove_bad_config",
                "push_stale_hot_flag": "remove_stale_hot_flag",
-               "purge_api_outage": "end_purge_api_outage", "bot_storm": None}  # fmt: skip
+               "purge_api_outage": "end_purge_api_outage", "bot_storm": None,
+               "deploy_bad_model": "rollback_model"}  # fmt: skip
 # a mode's own checks, after invariants_hold
-MODE_PROBES = {"post_cells_spread", "anonymous_max_age", "storm_voided"}
+MODE_PROBES = {"post_cells_spread", "anonymous_max_age", "storm_voided", "none_voided"}
 runner = CliRunner()
 
 
@@ -59,7 +61,8 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
         assert set(servers) <= set(mode.targets), (servers, mode.targets)
     undo = [DATA_FAULTS[f] for f in data_faults if DATA_FAULTS[f]]
     if faults or undo:
-        recover = ("restart", "restart_cold", "resume", "up", "remove_toxics", *undo)
+        recover = ("restart", "restart_cold", "resume", "up", "remove_toxics",
+                   "liveness_restart", *undo)  # fmt: skip
         assert method[-1] in recover, "the method ends by recovering"
     # a network fault needs the proxies: the catalog says so, and `run` brings the profile up
     assert bool(set(method) & NETWORK_FAULTS) == (mode.profile == "faults"), mode.profile

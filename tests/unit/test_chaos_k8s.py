@@ -71,6 +71,8 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "cdn-stale-after-purge-failure",  # the CDN's purge API, not a pod
         "dlq-unbounded-growth",  # poison records
         "abuse-bot-storm",  # the clients' own
+        "abuse-bad-model-deploy",  # a model version, not a pod
+        "aggregator-state-stall",  # a hung thread
     }, none
     assert "Toxiproxy" in none["kafka-cross-az-partition"]
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
