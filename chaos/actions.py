@@ -176,8 +176,8 @@ def _ops(server: str, path: str) -> int | None:
 def hang_loop(servers: list[str]) -> list[str]:
     """Stop each worker's consumer loop (its main thread, ptrace: chaos/process_faults.py) and
     leave its ops server running, as a stuck store call or a compaction stall would: /metrics
-    answers, the loop's heartbeat stands still, /healthz fails once the loop is stale.
-    `liveness_restart` (or `up`) ends it."""
+    answers, the loop's heartbeat stands still, /readyz fails after 30 s and /healthz after 2
+    minutes. `restart_hung` (or `up`) ends it."""
     from chaos import process_faults
 
     sup = stack_supervisor()
@@ -207,24 +207,25 @@ def _release(name: str) -> None:
             process_faults.resume_main_thread(pid)
 
 
-def liveness_restart(servers: list[str]) -> dict[str, int | None]:
-    """What the kubelet does to a hung worker: its liveness probe (/healthz) must be failing
-    now (raises otherwise: the cluster would leave it hung), then SIGKILL and a restart, as a
-    new pod. Returns the /healthz status each answered before the kill."""
+def restart_hung(servers: list[str]) -> dict[str, int | None]:
+    """The restart on a new pod of a hung worker: its hang must show (/readyz answers 503, the
+    loop not turning: raises otherwise), then SIGKILL and a restart. The kubelet does it once
+    /healthz fails (a loop still for 2 minutes, LoopHealth.hung_after_s), the on-call sooner
+    on AggregatorStalled's page. Returns the /readyz status each answered before the kill."""
     from services.contracts import workloads
 
     sup = stack_supervisor()
     names = _names(sup, servers)
-    live = {n: _ops(n, workloads.HEALTH_PATH) for n in names}
-    if any(status == 200 for status in live.values()):
+    ready = {n: _ops(n, workloads.READY_PATH) for n in names}
+    if any(status == 200 for status in ready.values()):
         for n in names:
             _release(n)
-        raise RuntimeError(f"liveness still passes, the kubelet would not restart: {live}")
+        raise RuntimeError(f"still ready after the hang: {ready}")
     kill(servers)
     for n in names:
         _release(n)
     restart(servers)
-    return live
+    return ready
 
 
 def shard_of(component: str, key: str) -> tuple[str, str | None]:

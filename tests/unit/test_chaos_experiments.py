@@ -62,7 +62,7 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
     undo = [DATA_FAULTS[f] for f in data_faults if DATA_FAULTS[f]]
     if faults or undo:
         recover = ("restart", "restart_cold", "resume", "up", "remove_toxics",
-                   "liveness_restart", *undo)  # fmt: skip
+                   "restart_hung", *undo)  # fmt: skip
         assert method[-1] in recover, "the method ends by recovering"
     # a network fault needs the proxies: the catalog says so, and `run` brings the profile up
     assert bool(set(method) & NETWORK_FAULTS) == (mode.profile == "faults"), mode.profile
