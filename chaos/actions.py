@@ -95,6 +95,7 @@ def start_traffic(
     )  # fmt: skip
     _poison.clear()  # an earlier experiment's, in a game day's one process
     _ring.clear()
+    _spike.clear()
     traffic.begin(t)
     return {"run": t.run, "posts": t.post_ids}
 
@@ -540,6 +541,55 @@ def _quietly(command: Any, *args: Any, **kwargs: Any) -> str:
     with contextlib.redirect_stdout(buf):
         command(*args, **kwargs)
     return buf.getvalue()
+
+
+_spike: dict[str, Any] = {}  # what the last read_spike saw (probes.spike_on_hot_pools)
+
+
+def _read_metric(name: str, **labels: str) -> float:
+    """The stack's read service's counter `name` (with `labels`), from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from services.contracts import workloads
+
+    lay = layout.from_env()
+    port = transforms.local_ops_port(lay, workloads.READ.name)
+    text = httpx.get(f"http://{layout.HOST}:{port}{workloads.METRICS_PATH}", timeout=5).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def read_spike(seconds: float = 20.0, clients: int = 8) -> dict[str, Any]:
+    """A flash crowd: `clients` readers read the traffic's first post through the gateway back
+    to back for `seconds`, from many addresses. Records how many of its reads the read service
+    answered from the hot pools (its likes_read_hot_pool_total{result="hit"} moved by)."""
+    from services.contracts import metrics as names
+
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic first")
+    post = t.post_ids[0]
+    traffic.mark(f"read spike on {post}")
+    hits = _read_metric(names.READ_HOT_POOL, result="hit")
+    began = time.monotonic()
+    answers = t.read_spike(post, seconds, clients)
+    took = time.monotonic() - began
+    hot = _read_metric(names.READ_HOT_POOL, result="hit") - hits
+    traffic.mark("read spike over")
+    reads = sum(answers.values())
+    _spike.clear()
+    _spike.update(post=post, reads=reads, per_s=round(reads / took, 1), hot_pool_hits=int(hot),
+                  answers={str(k): v for k, v in answers.items()})  # fmt: skip
+    return dict(_spike)
+
+
+def spike() -> dict[str, Any]:
+    """What the last `read_spike` of the run saw."""
+    return dict(_spike)
 
 
 def refuse_records(topics: list[str]) -> list[str]:

@@ -263,6 +263,21 @@ def none_voided() -> bool:
     return not void
 
 
+def spike_on_hot_pools(min_share: float = 0.5) -> bool:
+    """After `invariants_hold`: at least `min_share` of the run's read spike (actions.read_spike)
+    was answered from the hot pools, not from the post's count-cache primary. Before the
+    method: true."""
+    t = traffic.current()
+    if t is None:
+        return True
+    seen = actions.spike()
+    reads, hits = seen.get("reads", 0), seen.get("hot_pool_hits", 0)
+    ok = reads > 0 and hits >= min_share * reads
+    last.setdefault("checks", {})["spike_on_hot_pools"] = ok
+    last["spike"] = seen
+    return ok
+
+
 def _dead_lettered(keys: list[str], group: str, timeout_s: float = 30.0) -> set[str]:
     """Which of these message keys likes.dead-letter holds a record of, sent by `group`."""
     from confluent_kafka import Consumer, TopicPartition

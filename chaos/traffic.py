@@ -202,6 +202,40 @@ class Traffic:
                 self._record(Sample(t0 - self.started, "read", status, time.monotonic() - t0))
                 self._stop.wait(0.05)
 
+    def read_spike(self, post: str, seconds: float, clients: int = 8) -> dict[int, int]:
+        """`clients` threads read `post` through the gateway back to back for `seconds`, each
+        request from an address of its own (a flash crowd, not one client the per-IP limit
+        would hold back), beside the traffic's own readers and in its samples. Blocks; returns
+        the answers by status."""
+        deadline = time.monotonic() + seconds
+        counts: dict[int, int] = {}
+
+        def reader() -> None:
+            mine: dict[int, int] = {}
+            with httpx.Client(timeout=self.timeout_s) as c:
+                while time.monotonic() < deadline and not self._stop.is_set():
+                    n = random.getrandbits(24)
+                    ip = f"100.{64 + (n >> 16) % 64}.{(n >> 8) & 255}.{1 + (n & 255) % 254}"
+                    t0 = time.monotonic()
+                    url = f"{self.gateway_url}{routes.read_path(post)}"
+                    try:
+                        status = c.get(url, headers={routes.CLIENT_IP_HEADER: ip}).status_code
+                    except httpx.TransportError:
+                        status = TRANSPORT
+                    self._record(Sample(t0 - self.started, "read", status, time.monotonic() - t0))
+                    mine[status] = mine.get(status, 0) + 1
+            with self._lock:
+                for status, n in mine.items():
+                    counts[status] = counts.get(status, 0) + n
+
+        threads = [threading.Thread(target=reader, name=f"traffic-spike-{i}", daemon=True)
+                   for i in range(clients)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + self.timeout_s * 2 + 5)
+        return counts
+
     # -- what the clients saw -----------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         with self._lock:

@@ -26,7 +26,8 @@ DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_
                "purge_api_outage": "end_purge_api_outage", "bot_storm": None,
                "deploy_bad_model": "rollback_model"}  # fmt: skip
 # a mode's own checks, after invariants_hold
-MODE_PROBES = {"post_cells_spread", "anonymous_max_age", "storm_voided", "none_voided"}
+MODE_PROBES = {"post_cells_spread", "anonymous_max_age", "storm_voided", "none_voided",
+               "spike_on_hot_pools"}  # fmt: skip
 runner = CliRunner()
 
 
