@@ -96,6 +96,7 @@ def start_traffic(
     _poison.clear()  # an earlier experiment's, in a game day's one process
     _ring.clear()
     _spike.clear()
+    _sampling.clear()
     traffic.begin(t)
     return {"run": t.run, "posts": t.post_ids}
 
@@ -317,6 +318,7 @@ def up() -> list[str]:
     go first."""
     for name in list(_hung):
         _release(name)
+    _stop_bad_collector()
     sup = stack_supervisor()
     if sup.layout.faults:
         with contextlib.suppress(httpx.HTTPError):  # Toxiproxy itself down: started below
@@ -590,6 +592,109 @@ def read_spike(seconds: float = 20.0, clients: int = 8) -> dict[str, Any]:
 def spike() -> dict[str, Any]:
     """What the last `read_spike` of the run saw."""
     return dict(_spike)
+
+
+# otel-bad-sampling-config: the collector the experiment started itself, and what each policy did
+_bad_collector: dict[str, Any] = {}
+_sampling: dict[str, dict[str, float]] = {}
+SAMPLING_POLICIES: dict[str, dict[str, Any]] = {
+    "keep-all": {"name": "keep-all", "type": "always_sample"},
+    "drop-all": {"name": "drop-all", "type": "probabilistic",
+                 "probabilistic": {"sampling_percentage": 0}},
+}  # fmt: skip
+
+
+def _collector() -> Any:
+    from infra import otel_config
+
+    return stack_supervisor().components[otel_config.COLLECTOR]
+
+
+def _sampled() -> dict[str, float]:
+    """The collector's tail-sampling decisions so far, from its own /metrics: traces kept
+    (sampled="true") and dropped ("false")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from services.contracts import metrics as names
+
+    lay = layout.from_env()
+    text = httpx.get(f"http://{layout.HOST}:{lay.ports.otel_metrics}/metrics", timeout=5).text
+    out = {"true": 0.0, "false": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(names.OTELCOL_TRACES_SAMPLED):
+                key = sample.labels.get("sampled", "")
+                if key in out:
+                    out[key] += sample.value
+    return out
+
+
+def bad_sampling(policy: str = "keep-all", seconds: float = 25.0) -> dict[str, float]:
+    """A bad sampling config pushed to the collector: the stack's collector stopped and the same
+    binary started on the same ports with the rendered config's tail-sampling policies replaced
+    by one, `keep-all` (every trace: storage cost explodes) or `drop-all` (none: blind), for
+    `seconds`. Returns the traces it kept and dropped meanwhile (its own counters); `up` puts
+    the rendered collector back."""
+    import subprocess
+
+    import yaml
+
+    from local.components.base import ProbeFailed, http_probe
+
+    if policy not in SAMPLING_POLICIES:
+        raise ValueError(f"policy: one of {sorted(SAMPLING_POLICIES)}, not {policy!r}")
+    sup, comp = stack_supervisor(), _collector()
+    _stop_bad_collector()
+    sup.stop(comp.name)
+    cfg = yaml.safe_load(comp.config_path.read_text())
+    cfg["processors"]["tail_sampling"]["policies"] = [SAMPLING_POLICIES[policy]]
+    path = comp.layout.conf / f"otelcol-{policy}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    log_file = (comp.layout.logs / f"otelcol-{policy}.log").open("ab")
+    proc = subprocess.Popen([str(comp.binary), f"--config={path}"], stdout=log_file,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    _bad_collector.update(proc=proc, policy=policy)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            http_probe(f"{comp.health_url}/")
+            break
+        except ProbeFailed as e:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the {policy} collector did not start: {log_file.name}") from e
+            time.sleep(0.5)
+    traffic.mark(f"sampling: {policy}")
+    time.sleep(seconds)
+    seen = _sampled()  # a new process: its counters started at 0
+    _sampling[policy] = seen
+    return seen
+
+
+def _stop_bad_collector() -> None:
+    proc = _bad_collector.pop("proc", None)
+    _bad_collector.clear()
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except Exception:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def good_sampling() -> list[str]:
+    """Undo `bad_sampling`: the experiment's collector stopped, the rendered one started
+    (idempotent: in the rollbacks too)."""
+    _stop_bad_collector()
+    traffic.mark("sampling: rendered")
+    return up()
+
+
+def sampling() -> dict[str, dict[str, float]]:
+    """What each bad policy kept and dropped this run."""
+    return dict(_sampling)
 
 
 def refuse_records(topics: list[str]) -> list[str]:

@@ -278,6 +278,24 @@ def spike_on_hot_pools(min_share: float = 0.5) -> bool:
     return ok
 
 
+def sampling_moved() -> bool:
+    """After `invariants_hold` (the product unaffected): each bad policy the run pushed did what
+    it says, counted by the collector itself: `keep-all` kept traces and dropped none,
+    `drop-all` dropped traces and kept none. Before the method: true."""
+    t = traffic.current()
+    if t is None:
+        return True
+    seen = actions.sampling()
+    ok = bool(seen) and all(
+        (v["true"] > 0 and v["false"] == 0) if policy == "keep-all"
+        else (v["false"] > 0 and v["true"] == 0)
+        for policy, v in seen.items()
+    )  # fmt: skip
+    last.setdefault("checks", {})["sampling_moved"] = ok
+    last["sampling"] = seen
+    return ok
+
+
 def _dead_lettered(keys: list[str], group: str, timeout_s: float = 30.0) -> set[str]:
     """Which of these message keys likes.dead-letter holds a record of, sent by `group`."""
     from confluent_kafka import Consumer, TopicPartition

@@ -24,10 +24,10 @@ DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_
                "drop_answers": "keep_answers", "push_bad_config": "remove_bad_config",
                "push_stale_hot_flag": "remove_stale_hot_flag",
                "purge_api_outage": "end_purge_api_outage", "bot_storm": None,
-               "deploy_bad_model": "rollback_model"}  # fmt: skip
+               "deploy_bad_model": "rollback_model", "bad_sampling": "good_sampling"}  # fmt: skip
 # a mode's own checks, after invariants_hold
 MODE_PROBES = {"post_cells_spread", "anonymous_max_age", "storm_voided", "none_voided",
-               "spike_on_hot_pools"}  # fmt: skip
+               "spike_on_hot_pools", "sampling_moved"}  # fmt: skip
 runner = CliRunner()
 
 
@@ -60,7 +60,7 @@ def test_traffic_fault_recovery_hypothesis_and_rollbacks(mode_id: str) -> None:
         args = a["provider"]["arguments"]
         servers = args["servers"] if "servers" in args else [args["component"]]
         assert set(servers) <= set(mode.targets), (servers, mode.targets)
-    undo = [DATA_FAULTS[f] for f in data_faults if DATA_FAULTS[f]]
+    undo = list(dict.fromkeys(DATA_FAULTS[f] for f in data_faults if DATA_FAULTS[f]))
     if faults or undo:
         recover = ("restart", "restart_cold", "resume", "up", "remove_toxics",
                    "restart_hung", *undo)  # fmt: skip

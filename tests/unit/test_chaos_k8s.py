@@ -74,6 +74,7 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "abuse-bad-model-deploy",  # a model version, not a pod
         "aggregator-state-stall",  # a hung thread
         "gateway-sampler-misses-flash-spike",  # an etcd flag
+        "otel-bad-sampling-config",  # a collector config
     }, none
     assert "Toxiproxy" in none["kafka-cross-az-partition"]
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
