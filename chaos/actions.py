@@ -96,6 +96,7 @@ def start_traffic(
     _poison.clear()  # an earlier experiment's, in a game day's one process
     _ring.clear()
     _spike.clear()
+    _viral.clear()
     _sampling.clear()
     traffic.begin(t)
     return {"run": t.run, "posts": t.post_ids}
@@ -565,27 +566,84 @@ def _read_metric(name: str, **labels: str) -> float:
     )
 
 
-def read_spike(seconds: float = 20.0, clients: int = 8) -> dict[str, Any]:
-    """A flash crowd: `clients` readers read the traffic's first post through the gateway back
-    to back for `seconds`, from many addresses. Records how many of its reads the read service
-    answered from the hot pools (its likes_read_hot_pool_total{result="hit"} moved by)."""
+_viral: list[str] = []  # the post cold_viral_post made (read_spike's `viral` target)
+
+
+def cold_viral_post() -> str:
+    """A post liked once, then left alone, whose hot-pool copies are gone, as for a post whose
+    last write is older than the always-replicate TTL: the count-cache primary is its only home
+    until the sampler flags it and the operator copies it out. Returns its id."""
+    import redis as redis_py
+
+    from services.contracts import keys, settings, workloads
+
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic first")
+    lay = layout.from_env()
+    post, user = f"gd-{t.run}-viral", f"gd-{t.run}-viral-fan"
+    if not t.likes_as([(user, post, transforms.sign_token(lay, user), {})], workers=1):
+        raise RuntimeError(f"the like of {post} was not accepted")
+    env = transforms.workload_env(lay, workloads.READ.name)
+    s = settings.HotPoolSettings.model_validate(
+        {k.removeprefix(settings.PREFIX).lower(): v for k, v in env.items()
+         if k.removeprefix(settings.PREFIX).lower() in settings.HotPoolSettings.model_fields}
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    pools = s.hot_pool_addresses
+    while time.monotonic() < deadline:  # counted and copied out by the aggregator first
+        copied = 0
+        for host, port in pools:
+            with redis_py.Redis(host=host, port=port, password=s.redis_auth, socket_timeout=2) as r:
+                copied += int(r.exists(keys.count_key(post)))
+        if copied == len(pools):
+            break
+        time.sleep(0.5)
+    for host, port in pools:  # then aged out, as the TTL would have
+        with redis_py.Redis(host=host, port=port, password=s.redis_auth, socket_timeout=2) as r:
+            r.delete(keys.count_key(post))
+    _viral[:] = [post]
+    traffic.mark(f"{post}: liked, its hot-pool copies gone")
+    return post
+
+
+def _flagged(post: str) -> bool:
+    """The hot-key sampler's flag on `post` is in etcd now."""
+    from cli import etcd_commands
+    from services.contracts import keys
+
+    async def get(client: Any) -> bool:
+        return await client.get((keys.HOTKEYS_PREFIX + post).encode()) is not None
+
+    return bool(etcd_commands.run(get))
+
+
+def read_spike(seconds: float = 20.0, clients: int = 8, target: str = "first") -> dict[str, Any]:
+    """A flash crowd: `clients` readers read one post through the gateway back to back for
+    `seconds`, from many addresses: the traffic's first post (`first`) or the one
+    `cold_viral_post` made (`viral`). Records how many of its reads the read service answered
+    from the hot pools (its likes_read_hot_pool_total{result="hit"} moved by) and whether the
+    sampler had flagged the post by the end."""
     from services.contracts import metrics as names
 
     t = traffic.current()
     if t is None:
         raise RuntimeError("no traffic runs: start_traffic first")
-    post = t.post_ids[0]
+    if target not in ("first", "viral") or (target == "viral" and not _viral):
+        raise ValueError(f"target: first, or viral after cold_viral_post; not {target!r}")
+    post = t.post_ids[0] if target == "first" else _viral[0]
     traffic.mark(f"read spike on {post}")
     hits = _read_metric(names.READ_HOT_POOL, result="hit")
     began = time.monotonic()
     answers = t.read_spike(post, seconds, clients)
     took = time.monotonic() - began
     hot = _read_metric(names.READ_HOT_POOL, result="hit") - hits
+    flagged = _flagged(post)
     traffic.mark("read spike over")
     reads = sum(answers.values())
     _spike.clear()
     _spike.update(post=post, reads=reads, per_s=round(reads / took, 1), hot_pool_hits=int(hot),
-                  answers={str(k): v for k, v in answers.items()})  # fmt: skip
+                  flagged=flagged, answers={str(k): v for k, v in answers.items()})  # fmt: skip
     return dict(_spike)
 
 

@@ -68,6 +68,8 @@ _OTHER_FAULTS = {
     "traffic aimed at the cluster's gateway would be its counterpart (not built)",
     "deploy_bad_model": "a model version served from the models volume, not a pod: the "
     "cluster's `likes abuse use` against its volume would be its counterpart (not built)",
+    "cold_viral_post": "a post's hot-pool copies deleted (as aged out): a data condition set "
+    "up through the cluster's own Redis clients would be its counterpart (not built)",
     "bad_sampling": "a collector config pushed around the program: the cluster's sampler "
     "ConfigMap edited by hand and its pods rolled would be its counterpart (not built)",
     "purge_api_outage": "an outage of the CDN's purge API (Cloudflare's, no pod of ours): a "

@@ -263,16 +263,16 @@ def none_voided() -> bool:
     return not void
 
 
-def spike_on_hot_pools(min_share: float = 0.5) -> bool:
+def spike_on_hot_pools(min_share: float = 0.5, flagged: bool = False) -> bool:
     """After `invariants_hold`: at least `min_share` of the run's read spike (actions.read_spike)
-    was answered from the hot pools, not from the post's count-cache primary. Before the
-    method: true."""
+    was answered from the hot pools, not from the post's count-cache primary; with `flagged`,
+    the hot-key sampler had flagged the post by the spike's end. Before the method: true."""
     t = traffic.current()
     if t is None:
         return True
     seen = actions.spike()
     reads, hits = seen.get("reads", 0), seen.get("hot_pool_hits", 0)
-    ok = reads > 0 and hits >= min_share * reads
+    ok = reads > 0 and hits >= min_share * reads and (seen.get("flagged", False) or not flagged)
     last.setdefault("checks", {})["spike_on_hot_pools"] = ok
     last["spike"] = seen
     return ok

@@ -24,7 +24,8 @@ DATA_FAULTS = {"produce_poison": None, "refuse_records": "accept_records", "set_
                "drop_answers": "keep_answers", "push_bad_config": "remove_bad_config",
                "push_stale_hot_flag": "remove_stale_hot_flag",
                "purge_api_outage": "end_purge_api_outage", "bot_storm": None,
-               "deploy_bad_model": "rollback_model", "bad_sampling": "good_sampling"}  # fmt: skip
+               "deploy_bad_model": "rollback_model", "bad_sampling": "good_sampling",
+               "cold_viral_post": None}  # fmt: skip
 # a mode's own checks, after invariants_hold
 MODE_PROBES = {"post_cells_spread", "anonymous_max_age", "storm_voided", "none_voided",
                "spike_on_hot_pools", "sampling_moved"}  # fmt: skip

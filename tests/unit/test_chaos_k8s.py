@@ -75,6 +75,7 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "aggregator-state-stall",  # a hung thread
         "gateway-sampler-misses-flash-spike",  # an etcd flag
         "otel-bad-sampling-config",  # a collector config
+        "count-cache-hot-key-under-replicated",  # hot-pool copies deleted
     }, none
     assert "Toxiproxy" in none["kafka-cross-az-partition"]
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
