@@ -94,8 +94,9 @@ def baseline_app() -> Any:
                     break
             ids = json.loads(raw)["post_ids"]
             values = await rc.mget_nonatomic([keys.sub_key(p, 0) for p in ids])
-            body = json.dumps({"items": [{"count": int(v) if v else None} for v in values]})
-            body = body.encode()
+            body = json.dumps(
+                {"items": [{"count": int(v) if v else None} for v in values]}
+            ).encode()
         else:
             post_id = scope["path"].split("/")[3] if scope["path"].count("/") >= 3 else "x"
             value = await rc.get(keys.sub_key(post_id, 0))

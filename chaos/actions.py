@@ -618,12 +618,12 @@ def _flagged(post: str) -> bool:
     return bool(etcd_commands.run(get))
 
 
-def read_spike(seconds: float = 20.0, clients: int = 8, target: str = "first") -> dict[str, Any]:
-    """A flash crowd: `clients` readers read one post through the gateway back to back for
-    `seconds`, from many addresses: the traffic's first post (`first`) or the one
-    `cold_viral_post` made (`viral`). Records how many of its reads the read service answered
-    from the hot pools (its likes_read_hot_pool_total{result="hit"} moved by) and whether the
-    sampler had flagged the post by the end."""
+def read_spike(seconds: float = 20.0, clients: int = 32, target: str = "first") -> dict[str, Any]:
+    """A flash crowd: `clients` connections read one post through the gateway back to back for
+    `seconds` (traffic.Traffic.read_spike), from many addresses: the traffic's first post
+    (`first`) or the one `cold_viral_post` made (`viral`). Records how many of its reads the
+    read service answered from the hot pools (its likes_read_hot_pool_total{result="hit"} moved
+    by) and whether the sampler had flagged the post by the end."""
     from services.contracts import metrics as names
 
     t = traffic.current()
@@ -635,15 +635,16 @@ def read_spike(seconds: float = 20.0, clients: int = 8, target: str = "first") -
     traffic.mark(f"read spike on {post}")
     hits = _read_metric(names.READ_HOT_POOL, result="hit")
     began = time.monotonic()
-    answers = t.read_spike(post, seconds, clients)
+    load = t.read_spike(post, seconds, clients)
     took = time.monotonic() - began
     hot = _read_metric(names.READ_HOT_POOL, result="hit") - hits
     flagged = _flagged(post)
     traffic.mark("read spike over")
-    reads = sum(answers.values())
+    reads = int(load["n"]) + int(load["non_2xx"])
     _spike.clear()
     _spike.update(post=post, reads=reads, per_s=round(reads / took, 1), hot_pool_hits=int(hot),
-                  flagged=flagged, answers={str(k): v for k, v in answers.items()})  # fmt: skip
+                  flagged=flagged, non_2xx=load["non_2xx"],
+                  p99_ms=round(load["p99_ms"], 1))  # fmt: skip
     return dict(_spike)
 
 

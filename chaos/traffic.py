@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -74,6 +75,8 @@ class Traffic:
         self.started_wall = time.time()
         self.stopped: float | None = None
         self.dropped = 0  # first answers the client dropped on purpose
+        # read_spike's answers (its load generator counts them; they are not in `samples`)
+        self.spike_reads = {"n": 0, "5xx": 0, "non_2xx": 0}
 
     # -- running ------------------------------------------------------------------------------
     def start(self) -> Traffic:
@@ -202,39 +205,40 @@ class Traffic:
                 self._record(Sample(t0 - self.started, "read", status, time.monotonic() - t0))
                 self._stop.wait(0.05)
 
-    def read_spike(self, post: str, seconds: float, clients: int = 8) -> dict[int, int]:
-        """`clients` threads read `post` through the gateway back to back for `seconds`, each
-        request from an address of its own (a flash crowd, not one client the per-IP limit
-        would hold back), beside the traffic's own readers and in its samples. Blocks; returns
-        the answers by status."""
-        deadline = time.monotonic() + seconds
-        counts: dict[int, int] = {}
+    def read_spike(self, post: str, seconds: float, clients: int = 32) -> dict[str, Any]:
+        """A flash crowd on `post`: the repository's load generator (bench/bench_read.py's: its
+        own process, asyncio keep-alive connections, so the clients are not what limits the
+        rate, as this process's threads were at ~120 reads/s) reads it through the gateway back
+        to back for `seconds` over `clients` connections, each request from an address of its
+        own (256 in turn). Blocks. Its answers count among the traffic's reads (`spike_reads`:
+        a 5xx breaks the reads-never-5xx invariant like any other); returns the generator's
+        figures (rps, p50/p99, non_2xx, 5xx)."""
+        import json
+        import subprocess
+        import sys
 
-        def reader() -> None:
-            mine: dict[int, int] = {}
-            with httpx.Client(timeout=self.timeout_s) as c:
-                while time.monotonic() < deadline and not self._stop.is_set():
-                    n = random.getrandbits(24)
-                    ip = f"100.{64 + (n >> 16) % 64}.{(n >> 8) & 255}.{1 + (n & 255) % 254}"
-                    t0 = time.monotonic()
-                    url = f"{self.gateway_url}{routes.read_path(post)}"
-                    try:
-                        status = c.get(url, headers={routes.CLIENT_IP_HEADER: ip}).status_code
-                    except httpx.TransportError:
-                        status = TRANSPORT
-                    self._record(Sample(t0 - self.started, "read", status, time.monotonic() - t0))
-                    mine[status] = mine.get(status, 0) + 1
-            with self._lock:
-                for status, n in mine.items():
-                    counts[status] = counts.get(status, 0) + n
-
-        threads = [threading.Thread(target=reader, name=f"traffic-spike-{i}", daemon=True)
-                   for i in range(clients)]  # fmt: skip
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(seconds + self.timeout_s * 2 + 5)
-        return counts
+        loadgen = Path(__file__).resolve().parent.parent / "bench" / "bench_read.py"
+        if not loadgen.is_file():
+            raise RuntimeError(f"no load generator at {loadgen}: a read spike runs from a clone")
+        host, port = self.gateway_url.rsplit("//", 1)[1].rsplit(":", 1)
+        requests = [
+            (f"GET {routes.read_path(post)} HTTP/1.1\r\nHost: gameday\r\n"
+             f"{routes.CLIENT_IP_HEADER}: 100.{64 + i // 64}.{i % 64}.{1 + i % 250}\r\n\r\n")
+            .encode().hex()
+            for i in range(256)
+        ]  # fmt: skip
+        spec = {"host": host, "port": int(port), "requests": requests, "concurrency": clients,
+                "duration": seconds, "warmup": 0.0}  # fmt: skip
+        proc = subprocess.run([sys.executable, str(loadgen), "--loadgen"], input=json.dumps(spec),
+                              capture_output=True, text=True, timeout=seconds + 120)  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"the load generator failed:\n{proc.stderr[-2000:]}")
+        out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        with self._lock:
+            self.spike_reads["n"] += int(out["n"]) + int(out["non_2xx"])
+            self.spike_reads["5xx"] += int(out["5xx"])
+            self.spike_reads["non_2xx"] += int(out["non_2xx"])
+        return out
 
     # -- what the clients saw -----------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -259,7 +263,8 @@ class Traffic:
             "writes": statuses(writes),
             "reads": statuses(reads),
             "unclean_writes": sum(1 for s in writes if not clean_write(s)),
-            "read_5xx": sum(1 for s in reads if s.status >= 500),
+            "read_5xx": sum(1 for s in reads if s.status >= 500) + self.spike_reads["5xx"],
+            "spike_reads": dict(self.spike_reads),
             "read_transport": sum(1 for s in reads if s.status == TRANSPORT),
         }
 
