@@ -26,6 +26,7 @@ OUTBOX_RELAY_MEMBERS = "likes_outbox_relay_members"
 
 # the read service's own (services/read/metrics.py, services/read/hotkeys.py)
 READ_HOT_POOL = "likes_read_hot_pool_total"  # label result
+READ_HOT_POOL_FILLS = "likes_read_hot_pool_fills_total"  # label result
 READ_DEPENDENCY_ERRORS = "likes_read_dependency_errors_total"  # label dependency
 
 # hot keys: the sampler's flags and the operator's (or the local loop's) decisions

@@ -9,6 +9,14 @@ service only reads hot posts from the hot pools).
   contracts/hotkeys.py), so a flash spike moves off its count-cache shard within a second.
   A replica read gets one attempt within `timeout_s` (no client retries: redis-py's default of
   10 with backoff would outlast the Reader's deadline and fail the cold posts of the batch too).
+- A pool MISS for a post routed there is filled from the count-cache behind the read (read-fill):
+  a post liked more than 5 minutes ago has no always-replicate copy left, and one read at a few
+  hundred reads a second is hot on this pod but under the operator's enter rate, so nothing else
+  would ever copy it and every read would miss in the pool and land on its count-cache shard
+  anyway (the count-cache-hot-key-under-replicated game day found it). The fill is the
+  operator's copy (`HOT_COPY_LUA`): gen-guarded, so it never rolls back a newer copy the
+  aggregator or the operator wrote meanwhile, with the always-replicate TTL, so a copy nobody
+  reads or refreshes dies; at most one per pool and post every FILL_EVERY_S, off the request.
 """
 
 from __future__ import annotations
@@ -18,12 +26,13 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 
 from services.contracts import flags, hotkeys, keys
 from services.contracts import metrics as metric_names
@@ -35,6 +44,15 @@ log = logging.getLogger("read.hotkeys")
 
 HOT_POOL_READS = Counter(metric_names.READ_HOT_POOL, "Hot-pool reads", ["result"])
 _HOT_POOL_READS = Children(HOT_POOL_READS)
+HOT_POOL_FILLS = Counter(
+    metric_names.READ_HOT_POOL_FILLS,
+    "Hot-pool misses filled from the count-cache, by result (written; stale: the pool already "
+    "had a newer gen; empty: nothing counted yet; error)",
+    ["result"],
+)
+_HOT_POOL_FILLS = Children(HOT_POOL_FILLS)
+FILL_EVERY_S = 1.0  # at most one fill per pool and post a second, however many reads miss
+_FILLS_REMEMBERED = 10_000  # (pool, post) fill times kept before the old ones are dropped
 LOCALLY_HOT = Counter(
     "likes_read_locally_hot_total",
     "Post reads sent to the hot pools by this pod's own read rate, before any operator flag",
@@ -83,17 +101,25 @@ class HotPoolCountCache:
         pools: Sequence[str] = (),
         local_heat: LocalHeat | None = None,
         switches: flags.Switches | None = None,
+        fill_from: Callable[[str], Awaitable[Mapping[bytes, bytes]]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`pools`: every hot pool's host:port, read for a post this pod finds hot on its own
         (`local_heat`); without them only the operator's flags route reads to the pools. With the
-        `panic` kill switch engaged in `switches`, every read goes to the count-cache."""
+        `panic` kill switch engaged in `switches`, every read goes to the count-cache.
+        `fill_from(post)`: the post's whole count-cache hash, copied into a pool that missed it
+        (no fills without it)."""
         self.inner, self.view, self.timeout_s = inner, view, timeout_s
         self.switches = switches
         self.password = password
         self.pools = list(pools)
         self.local_heat = local_heat if local_heat is not None else LocalHeat()
         self.rng = rng or random.Random()
+        self.fill_from, self.clock = fill_from, clock
         self._clients: dict[str, Redis] = {}
+        self._copy: dict[str, AsyncScript] = {}
+        self._filled: dict[tuple[str, str], float] = {}  # (pool, post) -> last fill started
+        self._fills: set[asyncio.Task[None]] = set()
 
     def _client(self, address: str) -> Redis:
         c = self._clients.get(address)
@@ -111,8 +137,9 @@ class HotPoolCountCache:
         return c
 
     async def _replica(self, post_id: str, pools: list[str]) -> Aggregate | None:
+        address = self.rng.choice(pools)
         try:
-            client = self._client(self.rng.choice(pools))
+            client = self._client(address)
             async with asyncio.timeout(self.timeout_s):
                 raw = await client.hmget(keys.count_key(post_id), AGGREGATE_FIELDS)
         except Exception:
@@ -120,7 +147,47 @@ class HotPoolCountCache:
             return None
         agg = parse_aggregate(raw)
         _HOT_POOL_READS["hit" if agg is not None else "miss"].inc()
+        if agg is None:
+            self._schedule_fill(post_id, address)
         return agg
+
+    def _schedule_fill(self, post_id: str, address: str) -> None:
+        if self.fill_from is None:
+            return
+        now, key = self.clock(), (address, post_id)
+        last = self._filled.get(key)
+        if last is not None and now - last < FILL_EVERY_S:
+            return  # one fill is enough: the reads that miss meanwhile fall back
+        if len(self._filled) >= _FILLS_REMEMBERED:
+            self._filled = {k: t for k, t in self._filled.items() if now - t < FILL_EVERY_S}
+        self._filled[key] = now
+        task = asyncio.create_task(self._fill(post_id, address))
+        self._fills.add(task)
+        task.add_done_callback(self._fills.discard)
+
+    async def _fill(self, post_id: str, address: str) -> None:
+        assert self.fill_from is not None
+        try:
+            source = await asyncio.wait_for(self.fill_from(post_id), self.timeout_s)
+            if not source:
+                _HOT_POOL_FILLS["empty"].inc()
+                return
+            copy = self._copy.get(address)
+            if copy is None:
+                copy = self._copy[address] = self._client(address).register_script(
+                    hotkeys.HOT_COPY_LUA
+                )
+            gen = source.get(b"gen", b"0")
+            flat = [item for pair in source.items() for item in pair]
+            args: list[bytes | int] = [hotkeys.ALWAYS_REPLICATE_TTL_S, gen, *flat]
+            written = await asyncio.wait_for(
+                copy(keys=[keys.count_key(post_id)], args=args), self.timeout_s
+            )
+        except Exception as e:
+            _HOT_POOL_FILLS["error"].inc()
+            log.debug("hot-pool fill failed", extra={"fields": {"pool": address, "error": repr(e)}})
+            return
+        _HOT_POOL_FILLS["written" if written else "stale"].inc()
 
     async def aggregates(self, post_ids: Sequence[str]) -> list[Aggregate | Exception | None]:
         if self.switches is not None and self.switches.engaged(flags.Switch.PANIC):
@@ -151,6 +218,8 @@ class HotPoolCountCache:
         return await self.inner.bloom(user_id)
 
     async def close(self) -> None:
+        for task in list(self._fills):
+            task.cancel()
         for c in self._clients.values():
             with contextlib.suppress(Exception):
                 await c.aclose()

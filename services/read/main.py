@@ -129,6 +129,7 @@ def create_app(
             password=settings.redis_auth,
             pools=[f"{h}:{p}" for h, p in settings.hot_pool_addresses],
             switches=kill,
+            fill_from=cache.aggregate_hash,
         )
         app.state.settings = settings
         app.state.cache, app.state.store, app.state.heat = cache, store, heat_source

@@ -113,6 +113,11 @@ class RedisCountCache:
             )
         return [r if isinstance(r, BaseException) else parse(r) for r in raw]
 
+    async def aggregate_hash(self, post_id: str) -> dict[bytes, bytes]:
+        """The whole `count:{post}` hash (gen included): what a hot-pool copy is made of."""
+        raw = await self.rc.hgetall(keys.count_key(post_id))  # bytes: decode_responses=False
+        return {bytes(k): bytes(v) for k, v in raw.items()}  # type: ignore[arg-type]
+
     async def bloom(self, user_id: str) -> bytes | None:
         raw = await self.rc.get(keys.bloom_key(user_id))
         return raw.encode() if isinstance(raw, str) else raw

@@ -1,5 +1,7 @@
 """End to end through the service processes `likes local up` starts: write → outbox/Kafka →
-aggregator → count-cache/counter-store → read. The invariants of DESIGN.md as the oracle."""
+aggregator → count-cache/counter-store → read. The invariants of DESIGN.md as the oracle.
+The aggregator SIGKILLed mid-window under writes is the aggregator-crash game day, run as a test
+in tests/integration/test_chaos.py (no lost like, counts converged, nothing applied twice)."""
 
 from __future__ import annotations
 
@@ -90,24 +92,6 @@ def test_unlike_and_relike_counts_the_final_state(
             assert api.like(post, a, token=tok).status_code == 202
     assert converge(api, {post: 3}) == {post: 3}
     assert liked_edges(cql, [(u, post) for u in users])[post] == 3
-
-
-@pytest.mark.disruptive
-def test_aggregator_killed_mid_window_no_loss_no_double_count(
-    stack: Stack, api: LikesClient, cql: Session
-) -> None:
-    posts = [f"e2e-{uuid.uuid4().hex[:8]}-{i}" for i in range(3)]
-    first = [(f"u-{uuid.uuid4().hex[:8]}", posts[i % 3]) for i in range(30)]
-    second = [(f"u-{uuid.uuid4().hex[:8]}", posts[i % 3]) for i in range(30)]
-    with cf.ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(burst, stack, api, first + second, 0)
-        time.sleep(1.0)  # in the middle of the burst, so of some window
-        stack.cli("local", "stop", "--kill", "aggregator")
-        codes = fut.result()
-    assert set(codes) == {202}
-    stack.up()  # restarts the aggregator: it resumes from its last committed offsets
-    truth = liked_edges(cql, first + second)
-    assert converge(api, {p: truth[p] for p in posts}) == {p: truth[p] for p in posts}
 
 
 @pytest.mark.disruptive

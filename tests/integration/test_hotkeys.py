@@ -400,6 +400,89 @@ def test_a_down_hot_pool_falls_back_to_the_count_cache(stack: Stack, read_app: T
         )
 
 
+def test_a_pool_miss_is_filled_from_the_count_cache_and_later_reads_hit(
+    stack: Stack, read_app: TestClient
+) -> None:
+    """A post routed to the pools whose copies are gone (liked long ago: always-replicate's copies
+    aged out; or a pool restarted) is read from the count-cache on each miss, and the pool that
+    missed gets the count-cache's hash (gen and TTL included), so reads move onto the pools."""
+    post = f"hotfill-{uuid.uuid4().hex[:8]}"
+    key = keys.count_key(post)
+    count_cache(stack).hset(key, mapping={"count": 41, "gen": 5, "last_fresh": 1})
+    replicas = pools(stack)
+    addresses = [f"{stack.host}:{p}" for p in hk_components.hot_pool_ports(stack.layout)]
+    try:
+        etcd_put(stack, hotkeys.HOTPOOL_PREFIX + post, hotkeys.encode_pools(addresses, 0))
+
+        def filled() -> bool:
+            assert count_of(read_app, post) == (41, "aggregate")  # a miss falls back, exact
+            return all(r.exists(key) for r in replicas)
+
+        wait_for(filled, timeout=15)
+        for r in replicas:
+            assert r.hgetall(key) == {"count": "41", "gen": "5", "last_fresh": "1"}
+            assert 0 < r.ttl(key) <= hotkeys.ALWAYS_REPLICATE_TTL_S
+        # from here every read is a pool hit, none a miss (a hold over many reads, not a first)
+        hits = local_metric("likes_read_hot_pool_total", result="hit")
+        misses = local_metric("likes_read_hot_pool_total", result="miss")
+        for _ in range(40):
+            assert count_of(read_app, post) == (41, "aggregate")
+        assert local_metric("likes_read_hot_pool_total", result="hit") == hits + 40
+        assert local_metric("likes_read_hot_pool_total", result="miss") == misses
+        assert local_metric("likes_read_hot_pool_fills_total", result="written") >= len(replicas)
+    finally:
+        etcd_put(stack, hotkeys.HOTPOOL_PREFIX + post, None)
+        count_cache(stack).delete(key)
+        for r in replicas:
+            r.delete(key)
+
+
+def test_a_fill_never_rolls_back_a_newer_copy_and_copies_nothing_for_an_uncounted_post(
+    stack: Stack,
+) -> None:
+    """The race a fill can lose: it read the count-cache (gen 5) before the aggregator or the
+    operator wrote a newer copy (gen 9) into the pool; its copy is refused. A post with nothing
+    counted has nothing to copy: the pool stays without it."""
+    from services.read.hotkeys import HotPoolCountCache
+    from services.read.stores import RedisCountCache
+
+    post, uncounted = f"hotrace-{uuid.uuid4().hex[:8]}", f"hotnone-{uuid.uuid4().hex[:8]}"
+    key = keys.count_key(post)
+    count_cache(stack).hset(key, mapping={"count": 41, "gen": 5})
+    (pool, *_) = pools(stack)
+    pool.hset(key, mapping={"count": 50, "gen": 9})
+    address = f"{stack.host}:{hk_components.hot_pool_ports(stack.layout)[0]}"
+    settings = stack.settings()
+
+    async def fills() -> None:
+        source = RedisCountCache(settings)
+        cache = HotPoolCountCache(
+            source,
+            hotkeys.PrefixView(stack.host, 1, hotkeys.HOTPOOL_PREFIX, hotkeys.decode_pools),
+            password=settings.redis_auth,
+            timeout_s=1.0,
+            fill_from=source.aggregate_hash,
+        )
+        try:
+            await cache._fill(post, address)
+            await cache._fill(uncounted, address)
+        finally:
+            await cache.close()
+            await source.close()
+
+    stale = local_metric("likes_read_hot_pool_fills_total", result="stale")
+    empty = local_metric("likes_read_hot_pool_fills_total", result="empty")
+    try:
+        asyncio.run(fills())
+        assert pool.hgetall(key) == {"count": "50", "gen": "9"}
+        assert not pool.exists(keys.count_key(uncounted))
+        assert local_metric("likes_read_hot_pool_fills_total", result="stale") == stale + 1
+        assert local_metric("likes_read_hot_pool_fills_total", result="empty") == empty + 1
+    finally:
+        count_cache(stack).delete(key)
+        pool.delete(key)
+
+
 # -- always-replicate: every liked post is in every pool before any flag -------------------------
 def aggregator_metric(stack: Stack, name: str, **labels: str) -> float:
     text = httpx.get(f"http://{stack.host}:{stack.layout.ports.aggregator}/metrics", timeout=5).text
