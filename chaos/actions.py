@@ -332,13 +332,14 @@ def up() -> list[str]:
     return _up(sup, down) if down else []
 
 
-def _up(sup: supervisor.Supervisor, comps: list[str]) -> list[str]:
-    def report(name: str, msg: str) -> None:
-        log.info("%s: %s", name, msg)
+def _report(name: str, msg: str) -> None:
+    log.info("%s: %s", name, msg)
 
+
+def _up(sup: supervisor.Supervisor, comps: list[str]) -> list[str]:
     scope = [n for n, (c, _s) in sup.all_servers().items() if c.name in comps]
-    started = sup.up(report, comps)
-    status = sup.settle(scope, report)
+    started = sup.up(_report, comps)
+    status = sup.settle(scope, _report)
     unhealthy = {n: status[n] for n in scope if not status[n]["healthy"]}
     if unhealthy:
         raise RuntimeError(f"not answering after the restart: {unhealthy}")
@@ -859,18 +860,10 @@ def restart_cold(servers: list[str]) -> list[str]:
     return started
 
 
-def register_incompatible_schema() -> dict[str, Any]:
-    """A bad deploy step: a version of the like event's value schema that breaks FORWARD
-    compatibility (a field without a default removed, another's type changed), registered
-    as the deploy step registers (services/schema/registry_schemas.apply). Returns the
-    registry's refusal; raises if the registry accepted it (after deleting that version)."""
-    import json
-
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-
-    from cli import stack_settings
-    from services.contracts import events, registry
-    from services.schema import registry_schemas
+def _incompatible_like_schema() -> tuple[dict[str, Any], str, str]:
+    """The like event's value schema broken for its readers: a field without a default removed
+    (a reader needs it: resolution fails), another's type changed. (schema, dropped, retyped)"""
+    from services.contracts import events
 
     schema = json.loads(events.LIKE_EVENT_SCHEMA)
     fields = schema["fields"]
@@ -879,6 +872,21 @@ def register_incompatible_schema() -> dict[str, Any]:
     schema["fields"] = [
         {**f, "type": "string"} if f is changed else f for f in fields if f["name"] != dropped
     ]
+    return schema, dropped, changed["name"]
+
+
+def register_incompatible_schema() -> dict[str, Any]:
+    """A bad deploy step: a version of the like event's value schema that breaks FORWARD
+    compatibility (`_incompatible_like_schema`), registered as the deploy step registers
+    (services/schema/registry_schemas.apply). Returns the registry's refusal; raises if the
+    registry accepted it (after deleting that version)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from cli import stack_settings
+    from services.contracts import events, registry
+    from services.schema import registry_schemas
+
+    schema, dropped, retyped = _incompatible_like_schema()
     subject = f"{events.COMMITTED}-value"
     client = SchemaRegistryClient(registry.from_settings(stack_settings.platform_settings()))
     before = client.get_versions(subject)
@@ -892,7 +900,7 @@ def register_incompatible_schema() -> dict[str, Any]:
                 f"{subject} versions changed although refused: {before} -> {after}"
             ) from e
         return {"subject": subject, "refused": str(e), "versions": after,
-                "dropped": dropped, "retyped": changed["name"]}  # fmt: skip
+                "dropped": dropped, "retyped": retyped}  # fmt: skip
     version = client.get_latest_version(subject).version
     if version is not None and version not in before:
         client.delete_version(subject, version)
@@ -984,3 +992,129 @@ def remove_stale_hot_flag() -> int:
     removed = _delete("game day: stale hot flag removed", list(_stale_flag_values(_first_post())))
     traffic.mark("recovered: stale flag removed")
     return removed
+
+
+# -- registry cache poisoning ----------------------------------------------------------------
+REGISTRY = "schema-registry"  # the component and its one server
+_schema_versions: list[Any] = []  # what poison_schema_record rewrote: its records as they were
+
+
+def _schemas_store() -> Any:
+    """The registry's backing log (`_schemas`), written as the registry writes it (its Kafka
+    user, acks=all)."""
+    from local.components import kafka as kafka_local
+    from local.schema_registry.store import KafkaSchemaStore
+    from services.contracts import kafka as kafka_contract
+
+    lay = layout.from_env()
+    return KafkaSchemaStore(
+        kafka_local.bootstrap_servers(lay),
+        login=kafka_local.login(lay, kafka_contract.REGISTRY_USER),
+        ca_file=kafka_local.ca_file(lay),
+    )
+
+
+def _rewrite(versions: list[Any], schema: str | None) -> None:
+    """Every record of `versions` tombstoned, then written again with `schema` (None: its own):
+    the registry keeps the first text it applied for an id while any version still uses it, so
+    an id's text changes only once no version holds it."""
+    store = _schemas_store()
+    try:
+        for sv in versions:
+            store.append(sv.record()[0], None)
+        for sv in versions:
+            store.append(*dataclasses.replace(sv, schema=schema or sv.schema).record())
+    finally:
+        store.close()
+    # it replays its log at start only; restarted without its deploy step while poisoned (the
+    # step would register the good schema again, refused as incompatible with the bad one)
+    kill([REGISTRY])
+    sup = stack_supervisor()
+    traffic.mark(f"restart {REGISTRY}")
+    sup.start_component(sup.components[REGISTRY], _report, bootstrap=schema is None)
+    traffic.mark("recovered")
+
+
+def poison_schema_record() -> dict[str, Any]:
+    """The registry serves a bad schema for the live id of the like event: its records in the
+    backing topic rewritten with `_incompatible_like_schema()` and the registry restarted
+    (a registry never serves a bad schema through its API). A consumer that fetches the id now
+    caches it: every like it reads fails to decode. `restore_schema_record` undoes it."""
+    import avro.schema
+
+    from local.schema_registry.store import replay
+    from services.contracts import events
+
+    if _schema_versions:
+        raise RuntimeError("a poisoned schema is still in place: restore_schema_record first")
+    store = _schemas_store()
+    try:
+        state = replay(store)
+    finally:
+        store.close()
+    schema_id = state.id_for(avro.schema.parse(events.LIKE_EVENT_SCHEMA))
+    if schema_id is None:
+        raise RuntimeError("the like event's schema is not registered")
+    versions = state.usages(schema_id)
+    bad, dropped, retyped = _incompatible_like_schema()
+    _schema_versions[:] = versions
+    traffic.mark(f"schema id {schema_id} poisoned")
+    _rewrite(versions, json.dumps(bad))
+    return {"id": schema_id, "versions": len(versions), "dropped": dropped, "retyped": retyped}
+
+
+def restore_schema_record() -> int:
+    """Undo `poison_schema_record`: the records as they were, the registry restarted. Idempotent
+    (in the rollbacks too); the number of records restored."""
+    if not _schema_versions:
+        return 0
+    versions = list(_schema_versions)
+    _rewrite(versions, None)
+    _schema_versions.clear()
+    traffic.mark("schema restored")
+    return len(versions)
+
+
+def await_alert(name: str, timeout_s: float = 150.0) -> float:
+    """Hold the fault until Alertmanager has delivered `name` firing (since the traffic
+    started): seconds after the traffic's start. Raises after `timeout_s`: the alert never
+    came, and the experiment fails there rather than after a fixed pause that guessed."""
+    from chaos import probes
+
+    t = traffic.current()
+    since = t.started_wall if t is not None else time.time()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fired = probes.alerts_since(since).get(name, {}).get("fired_s")
+        if fired is not None:
+            traffic.mark(f"{name} fired")
+            return float(fired)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not fire within {timeout_s:.0f} s")
+        time.sleep(2)
+
+
+def replay_dead_letters() -> dict[str, Any]:
+    """`likes dlq replay --all --since <the run> --reconcile --yes --json`: every dead letter of
+    the run back to the consumer that failed it (those past the aggregator's dedup horizon
+    too: the reconciler then checks their posts). Letters that still cannot be read (poison)
+    are refused and reported; anything else that fails raises."""
+    import typer
+
+    from cli import dlq as dlq_cli
+
+    t = traffic.current()
+    since = f"{int(time.time() - t.started_wall) + 10 if t else 600}s"
+    buf, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(buf):
+        try:
+            dlq_cli.replay(None, all_=True, since=since, set_=None, reconcile=True, yes=True,
+                           as_json=True)  # fmt: skip
+        except typer.Exit as e:
+            code = e.exit_code
+    if code not in (dlq_cli.EXIT_OK, dlq_cli.EXIT_REFUSED):
+        raise RuntimeError(f"likes dlq replay exited {code}: {buf.getvalue()[-500:]}")
+    result = json.loads(buf.getvalue().splitlines()[-1])
+    traffic.mark(f"{len(result['replayed'])} dead letters replayed")
+    return {"replayed": len(result["replayed"]), "refused": len(result["refused"]),
+            "reconciled": result["reconciled"]}  # fmt: skip

@@ -72,6 +72,9 @@ _OTHER_FAULTS = {
     "up through the cluster's own Redis clients would be its counterpart (not built)",
     "bad_sampling": "a collector config pushed around the program: the cluster's sampler "
     "ConfigMap edited by hand and its pods rolled would be its counterpart (not built)",
+    "poison_schema_record": "a rewrite of the registry's backing topic: production's registry "
+    "serves only what it registered, and its _schemas is not a thing to corrupt on a live "
+    "cluster",
     "purge_api_outage": "an outage of the CDN's purge API (Cloudflare's, no pod of ours): a "
     "fault proxy in front of the aggregators' egress would be its counterpart (not built)",
 }

@@ -12,4 +12,4 @@ echo "==> tests"
 # two workers: one starts the stack and runs its tests in order (they mostly wait on servers),
 # the other runs the tests that need no stack meanwhile (tests/conftest.py groups them);
 # LIKES_TEST_WORKERS=0 runs everything in this one process
-exec .venv/bin/pytest -q -rA --durations=30 -n "${LIKES_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec .venv/bin/pytest -q -rA --durations=80 -n "${LIKES_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -163,8 +163,11 @@ class Supervisor:
                 tail(self.layout.log_file(srv.name)),
             ) from e
 
-    def start_component(self, comp: Component, report: Reporter) -> list[str]:
-        """Start whatever of `comp` is not running, wait for all of it, bootstrap. Returns the
+    def start_component(
+        self, comp: Component, report: Reporter, bootstrap: bool = True
+    ) -> list[str]:
+        """Start whatever of `comp` is not running, wait for all of it, bootstrap (unless not
+        `bootstrap`: a game day that wants the servers as their state left them). Returns the
         names of servers that were started (empty when everything already ran)."""
         running = self.running()
         servers = comp.servers()
@@ -184,8 +187,9 @@ class Supervisor:
         else:
             for srv in servers:
                 self._await_ready(srv, running[srv.name])
-        report(comp.name, "bootstrapping")
-        comp.bootstrap()
+        if bootstrap:
+            report(comp.name, "bootstrapping")
+            comp.bootstrap()
         report(comp.name, "ready")
         return started
 

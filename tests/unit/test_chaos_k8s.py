@@ -76,6 +76,7 @@ def test_every_process_fault_has_a_variant_and_the_others_say_why(
         "gateway-sampler-misses-flash-spike",  # an etcd flag
         "otel-bad-sampling-config",  # a collector config
         "count-cache-hot-key-under-replicated",  # hot-pool copies deleted
+        "registry-cache-poisoning",  # the registry's backing topic rewritten
     }, none
     assert "Toxiproxy" in none["kafka-cross-az-partition"]
     assert "pod-level counterpart" in none["kafka-consumer-lag-spike"]
