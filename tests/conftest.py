@@ -3,6 +3,11 @@
 The tests' stack lives apart from a developer's (its own LIKES_HOME and a port offset), starts from
 nothing, and is stopped at the end unless LIKES_KEEP_STACK=1. LIKES_TEST_REUSE=1 reuses a running
 test stack instead of wiping it (quick iterations; CI never sets it).
+
+LIKES_TEST_STACKS=2 (local/check.sh, with two xdist workers) gives the modules of SECOND_STACK
+a second stack of their own (its own home, ports shifted by another 1000): they form their own
+xdist group, so the worker that ran the tests needing no stack runs them on it while the first
+stack's worker is still busy, instead of after everything else on one critical path.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = Path(os.environ.get("LIKES_TEST_HOME", REPO / ".stack-test"))
 TEST_OFFSET = int(os.environ.get("LIKES_TEST_PORT_OFFSET", "1000"))
 LIKES = str(Path(sys.executable).parent / "likes")
+# the modules run on the second stack with LIKES_TEST_STACKS=2: long waits on alert windows
+# (~11 min of the suite), each test inducing and undoing its own faults
+SECOND_STACK = frozenset({"tests/integration/test_alerts.py"})
+FIRST, SECOND = "stack", "stack-b"  # the stacks' names, and their xdist groups
 
 
 @dataclass
@@ -223,25 +232,33 @@ class Stack:
         return f"http://{layout.HOST}:{self.layout.ports.alertmanager}"
 
 
-def _env() -> dict[str, str]:
+def _where(name: str) -> tuple[Path, int]:
+    """The stack's home and port offset."""
+    if name == FIRST:
+        return TEST_HOME, TEST_OFFSET
+    return TEST_HOME.with_name(TEST_HOME.name + "-b"), TEST_OFFSET + 1000
+
+
+def _env(name: str = FIRST) -> dict[str, str]:
+    home, offset = _where(name)
     env = dict(os.environ)
-    env["LIKES_HOME"] = str(TEST_HOME)
-    env["LIKES_PORT_OFFSET"] = str(TEST_OFFSET)
+    env["LIKES_HOME"] = str(home)
+    env["LIKES_PORT_OFFSET"] = str(offset)
     env.pop("LIKES_KAFKA_BROKERS", None)
     return env
 
 
-@pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
-    env = _env()
+def _start(name: str) -> Stack:
+    env = _env(name)
+    home, offset = _where(name)
     # from nothing: stop a leftover test stack and wipe its data (LIKES_TEST_REUSE=1 keeps a
     # running one, for quick iterations on one test file)
     if os.environ.get("LIKES_TEST_REUSE") != "1":
         subprocess.run(
             [LIKES, "local", "down", "--wipe"], env=env, capture_output=True, timeout=300
         )
-        if TEST_HOME.exists():
-            shutil.rmtree(TEST_HOME)
+        if home.exists():
+            shutil.rmtree(home)
     # the TLS profile: every test talks to etcd, Kafka, Cassandra and the registry over TLS,
     # as the program's clients do (LIKES_TEST_TLS=0: plaintext, to compare)
     profile = "--no-tls" if os.environ.get("LIKES_TEST_TLS") == "0" else "--tls"
@@ -256,11 +273,11 @@ def stack() -> Iterator[Stack]:
         text=True,
         timeout=900,
     )
-    home = TEST_HOME.resolve()
+    home = home.resolve()
     brokers = layout.recorded_brokers(home) or 3
     lay = layout.Layout(
         home=home,
-        ports=layout.Ports(TEST_OFFSET),
+        ports=layout.Ports(offset),
         kafka_brokers=brokers,
         stack=layout.recorded_stack(home) or layout.DEFAULT_STACK,
         tls=bool(layout.recorded_tls(home)),
@@ -271,9 +288,51 @@ def stack() -> Iterator[Stack]:
         pytest.fail(
             f"`likes local up` failed ({first.returncode}):\n{first.stdout}\n{first.stderr}"
         )
-    yield s
-    if os.environ.get("LIKES_KEEP_STACK") != "1":
-        subprocess.run([LIKES, "local", "down"], env=env, capture_output=True, timeout=300)
+    return s
+
+
+class _Stacks:
+    """The session's stacks, each started on first use and stopped at the session's end."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, Stack] = {}
+        self.failed: dict[str, BaseException] = {}
+
+    def get(self, name: str) -> Stack:
+        if name in self.failed:  # once: each module would otherwise wait out its own attempt
+            raise self.failed[name]
+        if name not in self.started:
+            try:
+                self.started[name] = _start(name)
+            except BaseException as e:
+                self.failed[name] = e
+                raise
+        return self.started[name]
+
+    def stop(self) -> None:
+        if os.environ.get("LIKES_KEEP_STACK") == "1":
+            return
+        for s in self.started.values():
+            subprocess.run([LIKES, "local", "down"], env=s.env, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def _stacks() -> Iterator[_Stacks]:
+    stacks = _Stacks()
+    yield stacks
+    stacks.stop()
+
+
+def _stack_of(nodeid: str) -> str:
+    second = os.environ.get("LIKES_TEST_STACKS") == "2" and nodeid.split("::")[0] in SECOND_STACK
+    return SECOND if second else FIRST
+
+
+@pytest.fixture(scope="module")
+def stack(request: pytest.FixtureRequest, _stacks: _Stacks) -> Stack:
+    """The running test stack this module's tests share (the first, or the second for the
+    modules of SECOND_STACK when LIKES_TEST_STACKS=2)."""
+    return _stacks.get(_stack_of(request.node.nodeid))
 
 
 def _needs_stack(item: pytest.Item) -> bool:
@@ -289,7 +348,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     servers, while the other runs the rest meanwhile, a module per group (a module's servers,
     such as test_gateway's edge, start once and on one worker). Marked here, as each item is
     collected: xdist reads the groups in its own pytest_collection_modifyitems."""
-    group = "stack" if _needs_stack(item) else item.nodeid.split("::")[0]
+    group = _stack_of(item.nodeid) if _needs_stack(item) else item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))
 
 
