@@ -550,19 +550,23 @@ def _quietly(command: Any, *args: Any, **kwargs: Any) -> str:
 _spike: dict[str, Any] = {}  # what the last read_spike saw (probes.spike_on_hot_pools)
 
 
-def _read_metric(name: str, **labels: str) -> float:
-    """The stack's read service's counter `name` (with `labels`), from its /metrics."""
+def _scrape(url: str) -> list[Any]:
+    """Every sample a Prometheus /metrics page at `url` holds."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    text = httpx.get(url, timeout=5).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def _read_metric(name: str, **labels: str) -> float:
+    """The stack's read service's counter `name` (with `labels`), from its /metrics."""
     from services.contracts import workloads
 
     lay = layout.from_env()
     port = transforms.local_ops_port(lay, workloads.READ.name)
-    text = httpx.get(f"http://{layout.HOST}:{port}{workloads.METRICS_PATH}", timeout=5).text
     return sum(
         sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
+        for sample in _scrape(f"http://{layout.HOST}:{port}{workloads.METRICS_PATH}")
         if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
 
@@ -673,19 +677,15 @@ def _collector() -> Any:
 def _sampled() -> dict[str, float]:
     """The collector's tail-sampling decisions so far, from its own /metrics: traces kept
     (sampled="true") and dropped ("false")."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     from services.contracts import metrics as names
 
     lay = layout.from_env()
-    text = httpx.get(f"http://{layout.HOST}:{lay.ports.otel_metrics}/metrics", timeout=5).text
     out = {"true": 0.0, "false": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith(names.OTELCOL_TRACES_SAMPLED):
-                key = sample.labels.get("sampled", "")
-                if key in out:
-                    out[key] += sample.value
+    for sample in _scrape(f"http://{layout.HOST}:{lay.ports.otel_metrics}/metrics"):
+        if sample.name.startswith(names.OTELCOL_TRACES_SAMPLED):
+            key = sample.labels.get("sampled", "")
+            if key in out:
+                out[key] += sample.value
     return out
 
 

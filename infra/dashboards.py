@@ -95,6 +95,14 @@ def _api(service: str) -> str:
     return f'{alert_rules.SERVICE_LABEL}="{service}",{alert_rules.API_ROUTES}'
 
 
+def _p50_p99(bucket: str) -> tuple[Query, ...]:
+    """The p50 and p99 of histogram series `bucket` (a `_bucket` selector), one query each."""
+    return tuple(
+        q(f"histogram_quantile({p}, sum by (le) (rate({bucket}[{RI}])))", f"p{label}")
+        for p, label in ((0.5, "50"), (0.99, "99"))
+    )
+
+
 def _red(service: str) -> tuple[Panel, ...]:
     sel = _api(service)
     hist = f"{m.HTTP_DURATION}_bucket{{{sel}}}"
@@ -104,14 +112,7 @@ def _red(service: str) -> tuple[Panel, ...]:
             "reqps",
             q(f"sum by (status) (rate({m.HTTP_REQUESTS}{{{sel}}}[{RI}]))", "{{status}}"),
         ),
-        panel(
-            "Latency",
-            "s",
-            *(
-                q(f"histogram_quantile({p}, sum by (le) (rate({hist}[{RI}])))", f"p{label}")
-                for p, label in ((0.5, "50"), (0.99, "99"))
-            ),
-        ),
+        panel("Latency", "s", *_p50_p99(hist)),
         panel(
             "Requests by route",
             "reqps",
@@ -508,14 +509,7 @@ ABUSE = Board(
                 panel(
                     "Bot probability p50 / p99",
                     "percentunit",
-                    *(
-                        q(
-                            f"histogram_quantile({p}, sum by (le) "
-                            f"(rate({m.ABUSE_SCORES}_bucket[{RI}])))",
-                            f"p{label}",
-                        )
-                        for p, label in ((0.5, "50"), (0.99, "99"))
-                    ),
+                    *_p50_p99(f"{m.ABUSE_SCORES}_bucket"),
                 ),
                 panel(
                     "Accounts degraded, scoring deferred",
