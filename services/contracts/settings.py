@@ -34,6 +34,9 @@ TOOLING_VARS = frozenset(
         "LIKES_TEST_PORT_OFFSET",
         "LIKES_TEST_REUSE",
         "LIKES_TEST_TLS",
+        "LIKES_TEST_FAULTS",
+        "LIKES_TEST_STACKS",
+        "LIKES_TEST_WORKERS",
         "LIKES_KEEP_STACK",
         "LIKES_OPERATOR",  # who the audit records name (cli/audit.py)
     }

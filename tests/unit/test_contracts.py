@@ -104,6 +104,19 @@ def test_tooling_variables_are_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().env == "local"
 
 
+def test_every_variable_the_test_harness_reads_is_a_tooling_variable() -> None:
+    """The harness's own LIKES_* (tests/conftest.py, local/check.sh) are in every process's env
+    during a test run: a name missing from TOOLING_VARS fails every Settings of the run."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = "".join((root / f).read_text() for f in ("tests/conftest.py", "local/check.sh"))
+    named = set(re.findall(r"\bLIKES_[A-Z_]+[A-Z]\b", text))
+    assert {"LIKES_TEST_STACKS", "LIKES_TEST_WORKERS", "LIKES_KEEP_STACK"} <= named, named
+    assert named - TOOLING_VARS - Settings.env_names() == set()
+
+
 def test_render_env_names_come_from_the_fields_and_refuse_unknown_ones() -> None:
     assert Settings.render_env({"kafka_bootstrap": "k:9092", "env": "prod"}) == {
         "LIKES_KAFKA_BOOTSTRAP": "k:9092",
