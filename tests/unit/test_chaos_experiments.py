@@ -11,7 +11,7 @@ import pytest
 from chaoslib.experiment import ensure_experiment_is_valid
 from typer.testing import CliRunner
 
-from chaos import catalog, probes
+from chaos import catalog
 from cli.main import app
 
 EXPERIMENTS = sorted(p.stem for p in catalog.EXPERIMENTS.glob("*.json"))
@@ -287,29 +287,3 @@ def test_a_game_day_runs_the_network_faults_last_and_switches_back_once(
     assert res.exit_code == 0, res.output
     assert ran == [(PROCESS_MODE, False), (NETWORK_MODE, True), ("kafka-cross-az-partition", True)]
     assert switched == [True, True, False] and profile["faults"] is False
-
-
-def test_an_alert_that_started_before_the_run_does_not_count_as_raised_by_it() -> None:
-    """Alertmanager repeats a firing alert's notification and sends its resolution later: an
-    episode that started before the run (an earlier experiment's) is neither fired nor resolved
-    in it; one that started after is, with seconds after the run's start."""
-    since = 1_000_000.0
-
-    def note(at: float, name: str, status: str, starts: str) -> dict[str, Any]:
-        alert = {"labels": {"alertname": name}, "status": status, "startsAt": starts}
-        return {"receiver": "pagerduty", "received_at": at, "payload": {"alerts": [alert]}}
-
-    before, after = "1970-01-12T13:46:30.123456789Z", "1970-01-12T13:46:50Z"  # 999990.1, 1000010
-    got = probes.alert_timings(
-        [
-            note(since + 5, "Old", "firing", before),  # a repeat of an earlier episode
-            note(since + 9, "Old", "resolved", before),
-            note(since - 30, "New", "firing", after),  # received before the run: not its own
-            note(since + 12, "New", "firing", after),
-            note(since + 40, "New", "resolved", after),
-        ],
-        since,
-    )
-    assert got == {"New": {"receivers": ["pagerduty"], "fired_s": 12.0, "resolved_s": 40.0}}
-    assert probes._epoch(before) == pytest.approx(999_990.123456)
-    assert probes._epoch("not a time") == 0.0
