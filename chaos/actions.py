@@ -27,6 +27,7 @@ import httpx
 
 from chaos import kafka_faults, traffic
 from local import components, layout, supervisor, transforms
+from local.components import schema_registry as schema_registry_local
 from local.components import toxiproxy
 
 log = logging.getLogger("chaos.actions")
@@ -995,7 +996,7 @@ def remove_stale_hot_flag() -> int:
 
 
 # -- registry cache poisoning ----------------------------------------------------------------
-REGISTRY = "schema-registry"  # the component and its one server
+REGISTRY = schema_registry_local.SchemaRegistry.name  # the component and its one server
 _schema_versions: list[Any] = []  # what poison_schema_record rewrote: its records as they were
 
 

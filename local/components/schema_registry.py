@@ -93,7 +93,7 @@ class SchemaRegistry(Component):
         pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
         return [
             Server(
-                name="schema-registry",
+                name=self.name,
                 argv=argv,
                 address=self.url,
                 probe=self.probe,

@@ -60,15 +60,9 @@ class HotPools:
         self, post_id: str, source: Mapping[Any, Any], ttl_s: int, pools: Sequence[int]
     ) -> list[Exception]:
         """Write the source hash into the chosen pools; the errors of pools that failed."""
-        gen = source.get("gen", 0) or 0
-        flat: list[Any] = []
-        for f, v in source.items():
-            flat += [f, v]
+        args = hotkeys.copy_args(source, ttl_s)
         results = await asyncio.gather(
-            *(
-                self._copy[i](keys=[keys.count_key(post_id)], args=[ttl_s, gen, *flat])
-                for i in pools
-            ),
+            *(self._copy[i](keys=[keys.count_key(post_id)], args=args) for i in pools),
             return_exceptions=True,
         )
         return [r for r in results if isinstance(r, Exception)]

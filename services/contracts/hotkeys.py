@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -59,6 +59,15 @@ end
 """
 # KEYS[1] = the copy; ARGV = ttl, gen, then field, value pairs.
 HOT_COPY_LUA = _COPY_FN + "return copy(KEYS[1], ARGV[1], ARGV[2], {unpack(ARGV, 3)})\n"
+
+
+def copy_args(source: Mapping[Any, Any], ttl_s: int) -> list[Any]:
+    """HOT_COPY_LUA's ARGV for a copy of `source` (a `count:{post}` hash as HGETALL returns it,
+    decoded or not): the TTL, its gen (0 when absent), then its field and value pairs."""
+    gen = source.get("gen", source.get(b"gen", 0)) or 0
+    return [ttl_s, gen, *(item for pair in source.items() for item in pair)]
+
+
 # Many copies in one call (the aggregator's always-replicate: one script per pool per chunk, not
 # a command per post per pool). KEYS = the copies; ARGV, per key: ttl, gen, n, then n field and
 # value items. Returns one 1 (written) or 0 (a newer gen is there) per key.

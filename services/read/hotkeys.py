@@ -177,9 +177,7 @@ class HotPoolCountCache:
                 copy = self._copy[address] = self._client(address).register_script(
                     hotkeys.HOT_COPY_LUA
                 )
-            gen = source.get(b"gen", b"0")
-            flat = [item for pair in source.items() for item in pair]
-            args: list[bytes | int] = [hotkeys.ALWAYS_REPLICATE_TTL_S, gen, *flat]
+            args = hotkeys.copy_args(source, hotkeys.ALWAYS_REPLICATE_TTL_S)
             written = await asyncio.wait_for(
                 copy(keys=[keys.count_key(post_id)], args=args), self.timeout_s
             )
