@@ -915,6 +915,10 @@ def worker_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
 
 ABUSE_STORM = "AbuseStorm"
 ABUSE_SCORING_STALLED = "AbuseScoringStalled"
+ABUSE_MODEL_ERRORS = "AbuseModelErrors"
+# the share of Score calls the model server refuses (any code but OK) that files a ticket: a
+# scorer and a model of different builds (INVALID_ARGUMENT), a server with no model (UNAVAILABLE)
+ABUSE_MODEL_REFUSED_RATIO = 0.05
 # a ring, not a lone bot: the write path already holds each degraded account to a like a minute
 ABUSE_STORM_ACCOUNTS = 5
 ABUSE_STORM_WINDOW = "10m"  # services/contracts/degrade.py STORM_WINDOW_S
@@ -923,12 +927,16 @@ ABUSE_STORM_WINDOW = "10m"  # services/contracts/degrade.py STORM_WINDOW_S
 def abuse_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     """The abuse team's: a storm (accounts degraded by the dozen) pages them; a scorer that
     stopped scoring (its model or a store away, its loop hung, no replica) files them a ticket,
-    since the likes it misses meanwhile are voided once it scores again (counts stay exact)."""
+    since the likes it misses meanwhile are voided once it scores again (counts stay exact); so
+    does a model server that refuses Score calls or cannot load the version published as
+    current (a bad publish: the previous version serves on)."""
     up = f'up{{{WORKLOAD_LABEL}="{ABUSE_SCORER}"}}'
     common: dict[str, Any] = {"service": ABUSE_SCORER, "team": ABUSE_TEAM,
                               "runbook_base": runbook_base}  # fmt: skip
     stalled: dict[str, Any] = {**common, "severity": SEVERITY_TICKET,
                                "runbook": "abuse-scoring-stalled"}  # fmt: skip
+    model_errors: dict[str, Any] = {**common, "severity": SEVERITY_TICKET,
+                                    "runbook": "abuse-model-errors"}  # fmt: skip
     return [
         _alert(
             ABUSE_STORM,
@@ -979,6 +987,33 @@ def abuse_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
                 "again and voids them (Kafka's retention holds what it has to read)."
             ),
             **stalled,
+        ),
+        _alert(
+            ABUSE_MODEL_ERRORS,
+            f'sum(rate({metric_names.ABUSE_MODEL_CALLS}{{code!="OK"}}[5m])) '
+            f"/ sum(rate({metric_names.ABUSE_MODEL_CALLS}[5m])) > {ABUSE_MODEL_REFUSED_RATIO}",
+            for_="5m",
+            reason="refused",
+            summary="The abuse model server refuses over "
+            f"{ABUSE_MODEL_REFUSED_RATIO:.0%} of Score calls",
+            description=(
+                "{{ $value | humanizePercentage }} of Score calls got no probabilities for 5 "
+                "minutes: the batches they carried wait, and their bot likes are counted "
+                "meanwhile."
+            ),
+            **model_errors,
+        ),
+        _alert(
+            ABUSE_MODEL_ERRORS,
+            f"max by (version) ({metric_names.ABUSE_MODEL_LOAD_FAILING}) == 1",
+            for_="5m",
+            reason="load-failed",
+            summary="The current abuse model version does not load",
+            description=(
+                "current names {{ $labels.version }}, which the model servers cannot load: "
+                "they serve the version they had (or nothing, after a restart)."
+            ),
+            **model_errors,
         ),
     ]
 

@@ -469,4 +469,6 @@ def load(directory: Path, version: str | None = None) -> Model:
         estimator = joblib.load(where / MODEL_FILE)
     except FileNotFoundError as e:
         raise NoModel(f"{where / MODEL_FILE} is missing") from e
+    except Exception as e:  # a truncated or foreign file: unpickling it raises anything
+        raise NoModel(f"{where / MODEL_FILE} does not load: {type(e).__name__}: {e}") from e
     return Model(version, estimator, float(meta["threshold"]), meta)

@@ -55,6 +55,11 @@ SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )  # fmt: skip
 SERVING = Gauge(names.ABUSE_MODEL_SERVING, "1 for the model version being served", ["version"])
+LOAD_FAILING = Gauge(
+    names.ABUSE_MODEL_LOAD_FAILING,
+    "1 while the version `current` names fails to load (the one serving, if any, serves on)",
+    ["version"],
+)
 
 
 def mismatch(names: object) -> str | None:
@@ -120,6 +125,7 @@ class ModelServer:
         """Load the version `current` names if it is not the one serving; True when it did."""
         wanted = model.current_version(self.model_dir)
         if wanted is None or (self.model is not None and self.model.version == wanted):
+            LOAD_FAILING.clear()  # `current` rolled back to the version serving, or removed
             return False
         try:
             self.load(wanted)
@@ -127,7 +133,10 @@ class ModelServer:
             serving = self.model.version if self.model else None
             log.warning("model not loaded", extra={"fields": {"version": wanted, "error": str(e),
                                                               "serving": serving}})  # fmt: skip
+            LOAD_FAILING.clear()  # one series: the version `current` names now
+            LOAD_FAILING.labels(wanted).set(1)  # AbuseModelErrors (reason load-failed)
             return False
+        LOAD_FAILING.clear()
         return True
 
     def ready(self) -> dict[str, bool]:

@@ -51,6 +51,8 @@ ABUSE_MODEL_CALLS = "likes_abuse_model_calls_total"  # Score calls by answer: la
 ABUSE_MODEL_ROWS = "likes_abuse_model_rows_scored_total"
 ABUSE_MODEL_SECONDS = "likes_abuse_model_score_seconds"  # a histogram of each call's time
 ABUSE_MODEL_SERVING = "likes_abuse_model_serving"  # 1 for the version serving: label version
+# 1 while the version `current` names does not load (label version): the previous one serves on
+ABUSE_MODEL_LOAD_FAILING = "likes_abuse_model_load_failing"
 CDN_PURGED = "likes_aggregator_cdn_purged_total"
 CDN_PURGE_FAILURES = "likes_aggregator_cdn_purge_failures_total"  # batches given up on
 CDN_PURGE_RETRIES = "likes_aggregator_cdn_purge_retries_total"

@@ -252,3 +252,58 @@ def test_a_scorer_whose_waiting_batch_is_revoked_is_ready_again(stack: Stack) ->
     finally:
         scorer.consumer.close()
         built.close()
+
+
+def test_a_published_version_that_does_not_load_files_a_ticket_and_the_previous_serves_on(
+    stack: Stack,
+) -> None:
+    """A broken publish made current with `likes abuse use` (a model file truncated on its way
+    to the models volume): the model server serves the version it had, says so on its metric,
+    AbuseModelErrors (reason load-failed) files a ticket (labelled team=abuse) and `likes runbook diagnose`
+    finds it; `use` of the version serving again resolves it."""
+    import shutil
+
+    from services.abuse import features, model
+    from services.abuse.model_server import ModelClient
+    from tests.integration.test_alerts import _diagnosis_sees_trouble
+
+    models = stack.layout.abuse_models
+    serving = model.current_version(models)
+    assert serving is not None
+    bad = f"{serving}-broken-{uuid.uuid4().hex[:6]}"
+    shutil.copytree(models / serving, models / bad)
+    (models / bad / model.MODEL_FILE).write_bytes(b"\x80\x04truncated")
+
+    def failing() -> float:
+        text = httpx.get(f"{stack.ops_url(MODEL)}{workloads.METRICS_PATH}", timeout=5).text
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == metric_names.ABUSE_MODEL_LOAD_FAILING
+                   and s.labels.get("version") == bad)  # fmt: skip
+
+    began = time.time()
+    try:
+        stack.cli("abuse", "use", bad, "--yes")
+        wait_for(lambda: failing() == 1, "the model server reporting the version it cannot load",
+                 30)  # fmt: skip
+        target = f"{stack.host}:{stack.layout.ports.abuse_model}"
+        with ModelClient(target, timeout=5) as client:
+            row = [0.0] * len(features.FEATURE_NAMES)
+            assert client.verdicts([row]).version == serving  # the previous serves on
+        assert model_ready(stack)
+        wait_for(
+            lambda: _delivered(
+                stack, obs.TICKET_RECEIVER, alert_rules.ABUSE_MODEL_ERRORS, "firing", began
+            ),
+            "AbuseModelErrors delivered as a ticket", 90,
+        )  # fmt: skip
+        _diagnosis_sees_trouble(stack, alert_rules.ABUSE_MODEL_ERRORS)
+    finally:
+        stack.cli("abuse", "use", serving, "--yes")  # the rollback
+    wait_for(lambda: failing() == 0, "the load failure cleared", 30)
+    wait_for(
+        lambda: _delivered(
+            stack, obs.TICKET_RECEIVER, alert_rules.ABUSE_MODEL_ERRORS, "resolved", began
+        ),
+        "AbuseModelErrors resolved", 90,
+    )  # fmt: skip
+    shutil.rmtree(models / bad)

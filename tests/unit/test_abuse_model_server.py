@@ -139,6 +139,38 @@ def test_the_servers_metrics_count_calls_rows_codes_and_the_version_serving(
     assert _sample(names.ABUSE_MODEL_SERVING, version=small_model.version) == 1
 
 
+@pytest.mark.parametrize("garbage", [b"not a model at all", b"\x80\x04garbage", b""])
+def test_a_current_version_that_does_not_load_is_reported_and_the_previous_serves_on(
+    server: model_server.ModelServer,
+    small_model: model.Model,
+    rows: list[tuple[float, ...]],
+    garbage: bytes,
+) -> None:
+    """A broken publish (a truncated or foreign model file) named current: the server keeps
+    serving the version it had (no crash: unpickling garbage raised a KeyError that took the
+    reload loop down) and says so on likes_abuse_model_load_failing, which AbuseModelErrors
+    (reason load-failed) reads; `current` rolled back clears it."""
+    import shutil
+
+    from services.contracts import metrics as names
+
+    model.save(small_model, server.model_dir)
+    server.load()
+    bad = f"{small_model.version}-broken"
+    shutil.copytree(server.model_dir / small_model.version, server.model_dir / bad)
+    (server.model_dir / bad / model.MODEL_FILE).write_bytes(garbage)
+    model.set_current(server.model_dir, bad)
+    assert server.reload_if_changed() is False
+    assert server.reload_if_changed() is False  # retried each interval, still one series
+    assert _sample(names.ABUSE_MODEL_LOAD_FAILING, version=bad) == 1
+    assert _sample(names.ABUSE_MODEL_SERVING, version=small_model.version) == 1
+    with model_server.ModelClient(f"{HOST}:{server.port}", timeout=5) as client:
+        assert client.verdicts(rows[:2]).version == small_model.version
+    model.set_current(server.model_dir, small_model.version)  # the rollback
+    assert server.reload_if_changed() is False  # already serving it
+    assert _sample(names.ABUSE_MODEL_LOAD_FAILING, version=bad) == 0  # the series is gone
+
+
 def test_a_stopped_server_is_model_unavailable(
     server: model_server.ModelServer, small_model: model.Model, rows: list[tuple[float, ...]]
 ) -> None:
