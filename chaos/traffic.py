@@ -60,6 +60,8 @@ class Traffic:
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     samples: list[Sample] = field(default_factory=list)
     ledger: dict[tuple[str, str], str] = field(default_factory=dict)  # accepted pair -> key
+    # accepted pair -> when its 202 came (time.time()): where a latency from the accept starts
+    accepted_at: dict[tuple[str, str], float] = field(default_factory=dict)
     attempted: list[tuple[str, str]] = field(default_factory=list)  # every pair sent
     marks: list[tuple[float, str]] = field(default_factory=list)  # (t, what the method did)
 
@@ -133,10 +135,17 @@ class Traffic:
                 self._like(c, *pair)
                 self._stop.wait(max(0.0, gap - (time.monotonic() - began)))
 
-    def likes_as(self, likes: list[tuple[str, str, str, dict[str, str]]], workers: int = 8) -> int:
+    def likes_as(
+        self,
+        likes: list[tuple[str, str, str, dict[str, str]]],
+        workers: int = 8,
+        retry_throttled: bool = True,
+    ) -> int:
         """Likes of other clients than the writers' own, sent now beside them and kept in the
         same ledger: (user, post, token, headers) each (abuse-bot-storm's ring: its own tokens,
-        addresses and devices). Returns how many were accepted."""
+        addresses and devices). `retry_throttled=False`: a 429 is a like's last answer, as for
+        a bot that moves on when its account is degraded (one like a minute). Returns how many
+        were accepted."""
         from concurrent.futures import ThreadPoolExecutor
 
         with self._lock:
@@ -144,7 +153,7 @@ class Traffic:
 
         def one(like: tuple[str, str, str, dict[str, str]]) -> None:
             with httpx.Client(timeout=self.timeout_s) as c:
-                self._like(c, like[0], like[1], like[2], like[3])
+                self._like(c, like[0], like[1], like[2], like[3], retry_throttled)
 
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, likes))
@@ -158,6 +167,7 @@ class Traffic:
         post: str,
         token: str | None = None,
         extra: dict[str, str] | None = None,
+        retry_throttled: bool = True,
     ) -> None:
         key, token = str(uuid.uuid4()), token or self.token(user)
         headers = {"authorization": f"Bearer {token}", "idempotency-key": key,
@@ -186,8 +196,9 @@ class Traffic:
             if status == 202:
                 with self._lock:
                     self.ledger[(user, post)] = key
+                    self.accepted_at[(user, post)] = time.time()
                 return
-            if 400 <= status < 500 and status != 429:
+            if 400 <= status < 500 and (status != 429 or not retry_throttled):
                 return  # refused for good: not accepted, nothing to retry
             wait = _seconds(after) if after else backoff
             backoff = min(2.0, backoff * 2)

@@ -30,6 +30,13 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         with self.server.lock:
             self.server.seen.append((self.headers["idempotency-key"], body["post_id"]))
+        if body["post_id"].startswith("throttled"):  # a degraded account's like
+            self.send_response(429)
+            self.send_header("retry-after", "0")
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+            return
         time.sleep(SLOW_S)
         try:
             self.send_response(202)
@@ -69,6 +76,8 @@ def test_a_dropped_answer_is_retried_with_the_same_key(gateway: Gateway, share: 
         time.sleep(0.05)
     t.stop()
     assert len(t.ledger) == 12, t.summary()
+    assert set(t.accepted_at) == set(t.ledger)  # each accept's time (bench_abuse's --steady-s)
+    assert all(t.started_wall <= at <= time.time() for at in t.accepted_at.values())
     sent: dict[str, int] = {}
     for key, _post in gateway.seen:
         sent[key] = sent.get(key, 0) + 1
@@ -77,3 +86,17 @@ def test_a_dropped_answer_is_retried_with_the_same_key(gateway: Gateway, share: 
     assert sorted(sent.values()) == [2 if share else 1] * 12
     assert t.summary()["answers_dropped"] == (12 if share else 0)
     assert t.summary()["unclean_writes"] == 0  # a dropped answer is the client's, not a sample
+
+
+def test_a_throttled_like_is_final_when_asked(gateway: Gateway) -> None:
+    """bench_abuse's rings: a bot whose account is degraded moves on at its 429 (retried, a
+    ring's likes would take a minute each and its pace would be the gate's)."""
+    t = traffic.Traffic(
+        gateway_url=f"http://127.0.0.1:{gateway.server_address[1]}", token=lambda u: "t." + u,
+        users=1, writers=1, readers=0,
+    )  # fmt: skip
+    likes = [("bot", "throttled-p", "t.bot", {}), ("bot", "p", "t.bot", {})]
+    assert t.likes_as(likes, workers=2, retry_throttled=False) == 1
+    assert set(t.ledger) == set(t.accepted_at) == {("bot", "p")}
+    assert sorted(post for _key, post in gateway.seen) == ["p", "throttled-p"]  # sent once each
+    assert t.attempted == [("bot", "throttled-p"), ("bot", "p")]
