@@ -39,8 +39,9 @@ TEST_HOME = Path(os.environ.get("LIKES_TEST_HOME", REPO / ".stack-test"))
 TEST_OFFSET = int(os.environ.get("LIKES_TEST_PORT_OFFSET", "1000"))
 LIKES = str(Path(sys.executable).parent / "likes")
 # the modules run on the second stack with LIKES_TEST_STACKS=2: long waits on alert windows
-# (~11 min of the suite), each test inducing and undoing its own faults
-SECOND_STACK = frozenset({"tests/integration/test_alerts.py"})
+# (~11 min of the suite), each test inducing and undoing its own faults; then game-day
+# experiments, which the first stack's worker has no room for
+SECOND_STACK = frozenset({"tests/integration/test_alerts.py", "tests/integration/test_gameday.py"})
 FIRST, SECOND = "stack", "stack-b"  # the stacks' names, and their xdist groups
 
 

@@ -259,8 +259,8 @@ def test_a_published_version_that_does_not_load_files_a_ticket_and_the_previous_
 ) -> None:
     """A broken publish made current with `likes abuse use` (a model file truncated on its way
     to the models volume): the model server serves the version it had, says so on its metric,
-    AbuseModelErrors (reason load-failed) files a ticket (labelled team=abuse) and `likes runbook diagnose`
-    finds it; `use` of the version serving again resolves it."""
+    AbuseModelErrors (reason load-failed) files a ticket (labelled team=abuse), `likes runbook
+    diagnose` finds it; `use` of the version serving again resolves it."""
     import shutil
 
     from services.abuse import features, model
