@@ -348,15 +348,10 @@ def percentiles(lat: list[float], prefix: str) -> dict[str, float]:
     }
 
 
-def signer(lay: layout.Layout) -> issuer.Signer:
-    """Tokens of the stack's identity provider, the key loaded once (~0.1 s a load)."""
-    return issuer.Signer(lay.home, *transforms.token_claims(lay))
-
-
 def storm_latency(lay: layout.Layout, rings: int) -> dict[str, float]:
     """Like -> void visible in the count, through the gateway and the stack's own scorer."""
     gw = f"http://{layout.HOST}:{lay.ports.gateway}"
-    sign = signer(lay)
+    sign = transforms.signer(lay)
     tag = uuid.uuid4().hex[:8]
     now = int(time.time())
     rnd = random.Random(tag)
@@ -429,7 +424,7 @@ def steady_latency(
 ) -> dict[str, float | int | bool]:
     """Like -> void visible in the count while human likes and reads flow at a steady rate."""
     gw = f"http://{layout.HOST}:{lay.ports.gateway}"
-    sign = signer(lay)
+    sign = transforms.signer(lay)
     bg = traffic.Traffic(
         gateway_url=gw, token=lambda user: sign(user),
         users=max(1, int(rate * seconds * 2)), posts=HUMAN_POSTS,

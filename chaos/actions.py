@@ -91,7 +91,7 @@ def start_traffic(
     lay = layout.from_env()
     t = traffic.Traffic(
         gateway_url=f"http://{layout.HOST}:{lay.ports.gateway}",
-        token=lambda user: transforms.sign_token(lay, user),
+        token=transforms.signer(lay),  # per like: the key loaded once
         users=users, posts=posts, writers=writers, readers=readers, write_rate=write_rate,
     )  # fmt: skip
     _poison.clear()  # an earlier experiment's, in a game day's one process
@@ -474,10 +474,11 @@ def bot_storm(bots: int = 8) -> dict[str, Any]:
     n = int(t.run[:4], 16)
     net = f"198.{18 + (n >> 8) % 2}.{n % 256}"
     created = int(time.time()) - 3600
+    sign = transforms.signer(lay)
     likes = []
     for i in range(bots):
         user = f"gd-{t.run}-bot{i}"
-        token = transforms.sign_token(lay, user, account_created=created)
+        token = sign(user, account_created=created)
         headers = {signals.CLIENT_IP_HEADER: f"{net}.{10 + i}",
                    signals.DEVICE_HEADER: f"ring-{t.run}-{i % 2}"}  # fmt: skip
         likes += [(user, post, token, headers) for post in t.post_ids]
