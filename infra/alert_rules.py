@@ -201,6 +201,22 @@ def _read_error_ratio() -> str:
     )
 
 
+def _write_error_ratio() -> str:
+    """The gateway's 5xx over the requests it sent to the write service: the service's own 503s
+    and the gateway's (no upstream, refused, timed out: a write service that is gone answers
+    nothing itself), each counted once. With no gateway traffic (no gateway, or clients calling
+    the service directly) the service's own 5xx over its requests."""
+    m = metric_names
+    cluster = f'{m.ENVOY_CLUSTER_LABEL}="{m.GATEWAY_WRITE_CLUSTER}"'
+    service = _requests_error_ratio(WRITE, 'status=~"5.."')
+    return (
+        f'(\n  (sum(rate({m.ENVOY_CLUSTER_RQ_XX}{{{cluster},envoy_response_code_class="5"}}'
+        f"[{{window}}])) or vector(0))\n"
+        f"  /\n  (sum(rate({m.ENVOY_CLUSTER_RQ_COMPLETED}{{{cluster}}}[{{window}}])) > 0)\n)\n"
+        f"or\n({service})"
+    )
+
+
 def _latency_error_ratio(service: str, le: str) -> str:
     """API requests slower than `le` seconds (a bucket boundary) over all API requests."""
     api = f'{SERVICE_LABEL}="{service}",{API_ROUTES}'
@@ -260,7 +276,7 @@ def default_slos() -> list[Slo]:
             service=WRITE,
             # a fail-closed 503 (idem-store or edge-store down) spends this budget, by design
             objective=0.999,
-            error_ratio=_requests_error_ratio(WRITE, 'status=~"5.."'),
+            error_ratio=_write_error_ratio(),
             description="POST /v1/likes answers without a 5xx",
             runbook="write-availability",
         ),

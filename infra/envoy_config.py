@@ -193,7 +193,7 @@ BATCH_DESCRIPTOR_VALUE = "likes_batch_read"
 USER_DESCRIPTOR_KEY = "user_id"
 IP_DESCRIPTOR_KEY = "remote_address"  # fixed by Envoy for the remote_address action
 
-WRITE_CLUSTER = "write_svc"
+WRITE_CLUSTER = metric_names.GATEWAY_WRITE_CLUSTER  # the write SLI selects its stats by this name
 READ_CLUSTER = metric_names.GATEWAY_READ_CLUSTER  # the read SLI selects its stats by this name
 SAMPLER_CLUSTER = "hotkey_sampler"
 RATELIMIT_CLUSTER = "ratelimit"

@@ -103,6 +103,7 @@ ENVOY_CLUSTER_RQ_XX = "envoy_cluster_upstream_rq_xx"
 ENVOY_CLUSTER_LABEL = "envoy_cluster_name"
 # the gateway's cluster for the read service (infra/envoy_config.READ_CLUSTER): its label value
 GATEWAY_READ_CLUSTER = "read_svc"
+GATEWAY_WRITE_CLUSTER = "write_svc"  # the write SLI selects the gateway's stats by this name
 
 # MirrorMaker 2's replication latency per mirrored partition, in ms (the seed's mm2_lag_seconds):
 # what infra/jmx/mirrormaker2.yaml names the MirrorSourceConnector's replication-latency-ms-max

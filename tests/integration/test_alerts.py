@@ -618,20 +618,25 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
     every record there: faults.records_refused): a poison message is skipped with its dead
     letter refused (log-and-advance), the aggregator's offset commits fail, and the like a user
     sends meanwhile is a 202 that waits in the outbox, older than the relay's drain budget, and
-    is counted once Kafka takes it again. And the read service is gone: it never answers 5xx,
-    so its own metrics cannot see itself gone; the read SLI counts the gateway's 5xx on the
-    read cluster (Envoy's stats, scraped as workload=envoy)."""
-    read_slo = next(s for s in alert_rules.default_slos() if s.name == "read-availability")
+    is counted once Kafka takes it again. And the read and write services are gone: neither
+    answers 5xx, so their own metrics cannot see themselves gone; their SLIs count the gateway's
+    5xx on their clusters (Envoy's stats, scraped as workload=envoy)."""
+    slos = {s.name: s for s in alert_rules.default_slos()}
+    read_slo = slos["read-availability"]
     expected = {
         alert_rules.DEAD_LETTER_UNAVAILABLE: _named(alert_rules.DEAD_LETTER_UNAVAILABLE),
         alert_rules.AGGREGATOR_COMMIT_FAILING: _named(alert_rules.AGGREGATOR_COMMIT_FAILING),
         "the read burn": _named(alert_rules.alert_name(read_slo), long_window="1h"),
+        "the write burn": _named(
+            alert_rules.alert_name(slos["write-availability"]), long_window="1h"
+        ),
         alert_rules.OUTBOX_EVENTS_STALE: _named(alert_rules.OUTBOX_EVENTS_STALE),
     }
     for what, match in expected.items():
         _quiet(stack, what, match)
     stop = threading.Event()
     answers: list[int] = []
+    writes: list[int] = []
 
     def readers() -> None:  # clients behind the CDN, reading a post through the gateway
         with httpx.Client(base_url=stack.gateway_url, timeout=5) as client:
@@ -642,8 +647,24 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
                     answers.append(0)
                 stop.wait(0.1)
 
+    def writers() -> None:  # users liking through the gateway
+        with httpx.Client(base_url=stack.gateway_url, timeout=5) as client:
+            while not stop.is_set():
+                user = f"u-{uuid.uuid4().hex[:8]}"
+                try:
+                    r = client.post(
+                        routes.WRITE_PATH, json={"post_id": "post-slo-w", "action": "like"},
+                        headers={"authorization": f"Bearer {stack.token(user)}",
+                                 "idempotency-key": str(uuid.uuid4())},
+                    )  # fmt: skip
+                    writes.append(r.status_code)
+                except httpx.TransportError:
+                    writes.append(0)
+                stop.wait(0.2)
+
     traffic = threading.Thread(target=readers, daemon=True)
     traffic.start()
+    writing = threading.Thread(target=writers, daemon=True)
     post = f"post-{uuid.uuid4()}"
     fired: dict[str, dict[str, Any]] = {}
     injected = time.time()
@@ -660,7 +681,9 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
                 )  # fmt: skip
                 assert r.status_code == 202, r.text
                 try:
+                    writing.start()
                     stack.cli("local", "stop", workloads.READ.name)
+                    stack.cli("local", "stop", workloads.WRITE.name)
                     # the dead letter's page first: its window holds one refused send for a
                     # (scaled) hour, the others hold while their faults do
                     for what, match in expected.items():
@@ -679,6 +702,7 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
             "runbooks/dead-letter-unavailable.md"
         )
         assert fired["the read burn"]["runbook_url"] == "runbooks/read-availability.md"
+        assert fired["the write burn"]["runbook_url"] == "runbooks/write-availability.md"
         # nothing accepted is lost: the like that waited in the outbox is counted
         deadline = time.monotonic() + 120
         while httpx.get(f"{stack.gateway_url}{routes.read_path(post)}", timeout=5).json()[
@@ -698,7 +722,9 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
     finally:
         stop.set()
         traffic.join(timeout=10)
+        writing.join(timeout=10)
     assert 503 in answers and 200 in answers, sorted(set(answers))
+    assert 503 in writes and 202 in writes, sorted(set(writes))  # the gateway's, then the service's
     # what fired the read burn: the gateway's term, from Envoy's own series under the workload
     # the program annotates (its pods' scrape annotations; the local Envoy's stats listener)
     query = (
