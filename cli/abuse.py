@@ -3,7 +3,8 @@ cleanup.
 
 - `train` generates labelled traffic (services/abuse/generator.py), fits the model, chooses its
   threshold on a validation split, grades it on held-out users and saves it as a new version,
-  made current (services/abuse/model.py says how and why).
+  made current only when those grades meet the goals (`model.GOALS`; services/abuse/model.py
+  says how and why). The program's `abuse-model-publish` CronJob runs it (infra/services.py).
 - `evaluate` grades a saved version (the current one by default) again on the held-out users
   of its own training run, generated again from its parameters: precision, recall and ROC AUC
   at its threshold, and the calibration table.
@@ -13,12 +14,14 @@ cleanup.
 - `restore` lifts the degradation of accounts wrongly caught in a storm.
 
 Models live in `abuse-models` under the local stack's home (LIKES_HOME, else the repo's .stack),
-or `--model-dir`. Exit codes: 0 done; 1 refused (no threshold good enough: nothing saved);
-2 nothing to work on (no model, an unusable one, a bad option).
+or `--model-dir`. Exit codes: 0 done; 1 refused (no threshold good enough: nothing saved; or a
+version below the goals: saved, not made current); 2 nothing to work on (no model, an unusable
+one, a bad option).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -81,17 +84,33 @@ def _calibration_table(ev: dict[str, Any]) -> Table:
     return t
 
 
+_GOALS = (
+    f"ROC AUC >= {model.GOALS.roc_auc:g}, precision >= {model.GOALS.precision:g} at "
+    f"recall >= {model.GOALS.recall:g}"
+)
+
+
 @app.command()
 def train(
     users: Annotated[int, typer.Option(min=10, help="accounts in the generated traffic")] = (
         generator.Traffic.users
     ),
     seed: Annotated[int, typer.Option(help="the generator's seed (same seed, same traffic)")] = 0,
+    gate: Annotated[
+        bool,
+        typer.Option(
+            help=f"make the new version current only if its held-out grades meet the goals "
+            f"({_GOALS}); else keep it saved, leave `current` as it was and exit 1. On by "
+            "default: the model servers reload `current` on their own and the scorer voids likes "
+            "with it, so publishing a worse model has to be asked for (--no-gate: an "
+            "experiment; `abuse use V` serves a saved version deliberately)"
+        ),
+    ] = True,
     model_dir: Path | None = ModelDirOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Train a model on generated traffic, grade it on held-out users, save it as the current
-    version."""
+    """Train a model on generated traffic, grade it on held-out users, save it as a new version
+    and make it current if it meets the goals (see --gate)."""
     params = model.TrainParams(traffic=generator.Traffic(users=users, seed=seed))
     directory = _dir(model_dir)
     with _progress(as_json) as progress:
@@ -99,22 +118,39 @@ def train(
         try:
             m = model.train(params, progress=lambda stage: progress.update(task, description=stage))
         except model.NoThreshold as e:
+            if as_json:
+                typer.echo(json.dumps({"version": None, "published": False, "error": str(e)}))
             err.print(f"[red]{e}[/red]; nothing saved", soft_wrap=True)
             raise typer.Exit(EXIT_REFUSED) from e
+        held = m.meta["held_out"]
+        misses = model.shortfalls(model.Evaluation.from_json(held))
+        publish = not (gate and misses)
         progress.update(task, description="saving")
-        path = model.save(m, directory)
-    held = m.meta["held_out"]
+        before = model.current_version(directory)
+        path = model.save(m, directory, make_current=publish)
     if as_json:
-        typer.echo(json.dumps({"version": m.version, "path": str(path),
+        typer.echo(json.dumps({"version": m.version, "path": str(path), "published": publish,
+                               "current": m.version if publish else before,
+                               "goals": dataclasses.asdict(model.GOALS),
+                               "shortfalls": [dataclasses.asdict(x) for x in misses],
                                "training_s": m.meta["training_s"], "sizes": m.meta["sizes"],
                                **held}))  # fmt: skip
-        return
-    console.print(f"[bold]{m.version}[/bold] saved to {path} and made current "
-                  f"(trained in {m.meta['training_s']:.1f} s)")  # fmt: skip
-    sizes = m.meta["sizes"]
-    console.print(", ".join(f"{k}: {v['users']} users, {v['rows']} likes ({v['bots']} bots')"
-                            for k, v in sizes.items()))  # fmt: skip
-    console.print(_metrics_table(held))
+    else:
+        what = "and made current" if publish else "but NOT made current"
+        console.print(f"[bold]{m.version}[/bold] saved to {path} {what} "
+                      f"(trained in {m.meta['training_s']:.1f} s)")  # fmt: skip
+        sizes = m.meta["sizes"]
+        console.print(", ".join(f"{k}: {v['users']} users, {v['rows']} likes ({v['bots']} bots')"
+                                for k, v in sizes.items()))  # fmt: skip
+        console.print(_metrics_table(held))
+    if misses:
+        below = "; ".join(str(x) for x in misses)
+        if publish:  # --no-gate
+            err.print(f"[yellow]published without the gate: held-out {below}[/yellow]")
+        else:
+            err.print(f"[red]{m.version} not published: held-out {below}[/red]; current stays "
+                      f"{before or 'none'}", soft_wrap=True)  # fmt: skip
+            raise typer.Exit(EXIT_REFUSED)
 
 
 @app.command()

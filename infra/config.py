@@ -51,6 +51,13 @@ SUPPORTED_KUBERNETES = ("1.32", "1.33", "1.34", "1.35")
 
 Count = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
+# a CronJob's schedule: five cron fields or a macro (the time zone is the CronJob's, not a field)
+_CRON_FIELD = r"[0-9A-Za-z*/,?-]+"
+CronSchedule = Annotated[
+    str,
+    Field(pattern=rf"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|{_CRON_FIELD}"
+                  rf"( {_CRON_FIELD}){{4}})$"),
+]  # fmt: skip
 
 
 class ConfigError(Exception):
@@ -236,6 +243,13 @@ class ServicesConfig(_Model):
     # the abuse model's versions, shared by every scorer pod and by the training job that
     # publishes them: a ReadWriteMany class (EFS on EKS)
     abuse_models_storage_class: str = "efs-sc"
+    # When the publishing job (`likes abuse train --gate`, infra/services.py) runs, in UTC.
+    # Weekly, early Monday: the model learns from the repository's traffic generator, so a run
+    # changes it only once the image has (new features, a scikit-learn whose pickles the servers
+    # refuse); after such a deploy, `kubectl create job --from=cronjob/abuse-model-publish`.
+    abuse_model_publish_schedule: CronSchedule = "0 3 * * 1"
+    # ~400 MiB at the default 4000 users; minutes on one core (OMP threads follow the limit)
+    abuse_model_publish: ContainerSize = ContainerSize(cpu="1", memory_mi=1024)
     operator_image: str
 
 

@@ -226,19 +226,56 @@ def setup_job_spec(
     volumes: Sequence[core.VolumeArgs] | None = None,
     backoff_limit: int = 20,
     credentials: Mapping[str, pulumi.Input[str]] | None = None,
+    *,
+    verdicts: Sequence[int] = (),
+    deadline_s: int | None = None,
+    node_class: str | None = None,
 ) -> k8s.batch.v1.JobSpecArgs:
-    """A setup step run to completion (schema migration, store logins): restarted on failure
-    until its store is ready, no service-account token, non-root. `credentials`: the secret
-    values it applies (name -> value), whose digest keys the Job: a rotation re-runs it."""
+    """A pod run to completion: a setup step (schema migration, store logins), restarted on
+    failure until its store is ready, or a CronJob's run (the abuse model's publisher); no
+    service-account token, non-root. `credentials`: the secret values it applies (name ->
+    value), whose digest keys the Job: a rotation re-runs it.
+
+    `verdicts`: exit codes that are the command's own answer, not an accident (a refusal, a bad
+    option): the same inputs would fail the same way, so they fail the Job at once. Its pods are
+    then never restarted in place (a pod failure policy needs restartPolicy Never): a failed
+    pod stays, with its logs, and another one is started for any other failure (OOM, a lost
+    node), up to `backoff_limit`; a pod evicted or preempted does not count. `deadline_s`: the
+    longest the Job may run (a hung run would otherwise hold a CronJob's Forbid lock).
+    `node_class`: the workload class whose nodes run it (default: any untainted node)."""
     annotations = {CREDENTIALS_ANNOTATION: credentials_digest(credentials)} if credentials else None
+    failure_policy = None
+    if verdicts:
+        b = k8s.batch.v1
+        failure_policy = b.PodFailurePolicyArgs(
+            rules=[
+                b.PodFailurePolicyRuleArgs(
+                    action="FailJob",
+                    on_exit_codes=b.PodFailurePolicyOnExitCodesRequirementArgs(
+                        container_name=container.name, operator="In", values=list(verdicts)
+                    ),
+                ),
+                b.PodFailurePolicyRuleArgs(
+                    action="Ignore",
+                    on_pod_conditions=[
+                        b.PodFailurePolicyOnPodConditionsPatternArgs(
+                            type="DisruptionTarget", status="True"
+                        )
+                    ],
+                ),
+            ]
+        )
     return k8s.batch.v1.JobSpecArgs(
         backoff_limit=backoff_limit,
+        active_deadline_seconds=deadline_s,
+        pod_failure_policy=failure_policy,
         template=core.PodTemplateSpecArgs(
             metadata=meta_v1.ObjectMetaArgs(labels=dict(labels), annotations=annotations),
             spec=core.PodSpecArgs(
-                restart_policy="OnFailure",
+                restart_policy="Never" if verdicts else "OnFailure",
                 automount_service_account_token=False,
                 security_context=pod_security(),
+                node_selector=node_selector(node_class) if node_class else None,
                 containers=[container],
                 volumes=list(volumes) if volumes is not None else None,
             ),

@@ -11,7 +11,7 @@ import asyncio
 import contextvars
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +149,12 @@ class _Monitor(pulumi_mocks.MockMonitor):
         return response
 
 
-def _execute(stack: str, values: dict[str, str], secret_keys: list[str]) -> list[Declared]:
+def _execute(
+    stack: str,
+    values: dict[str, str],
+    secret_keys: list[str],
+    main: Callable[[], None] | None = None,
+) -> list[Declared]:
     from infra import program
 
     # Pulumi's runtime builds futures on the thread's current loop; a caller (or an earlier
@@ -160,8 +165,14 @@ def _execute(stack: str, values: dict[str, str], secret_keys: list[str]) -> list
         monitor.recorder, project=PROJECT, stack=stack, preview=False, monitor=monitor
     )
     pulumi.runtime.set_all_config(values, secret_keys)
-    _sync_await(run_pulumi_func(program.main))
+    _sync_await(run_pulumi_func(main or program.main))
     return monitor.declared
+
+
+def declare(main: Callable[[], None], stack: str = "components") -> list[Declared]:
+    """What `main` declares under the same mocks, with no stack config: a component built on
+    its own, with arguments no stack file has (the tests)."""
+    return contextvars.Context().run(_execute, stack, {}, [], main)
 
 
 def run(

@@ -237,6 +237,8 @@ def main() -> None:
                 env,
                 {workloads.ABUSE_MODEL.name: cfg.services.abuse_model},
             ),
+            models_publish_schedule=cfg.services.abuse_model_publish_schedule,
+            models_publisher=cfg.services.abuse_model_publish,
             models_storage_class=cfg.services.abuse_models_storage_class,
             redis_password=secret_password,
             cdn_purge_token=pulumi.Output.secret(cfg.cdn_purge_token.get_secret_value()),

@@ -1,10 +1,11 @@
 """Our services (write, read, hot-key sampler, outbox relay, aggregator, consumer-lag, canary,
 abuse scorer): Deployments, Services, HPAs, PDBs and ServiceAccounts (who may reach them:
 infra/netpol.py); a workload's sidecar (the abuse model server) is a second container of its
-pods."""
+pods, and the CronJob that publishes the versions it serves runs beside them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,16 @@ CDN_PURGE_SECRET = "cdn-purge"  # key `token`: the aggregator purges the CDN wit
 CANARY_SECRET = logins.CANARY_SECRET  # the canary user's bearer token (services/canary)
 MODELS_CLAIM = "abuse-models"  # the abuse model's versions (ReadWriteMany: every scorer pod)
 MODELS_SIZE = "5Gi"  # a version is ~1 MB (model.joblib + meta.json): room for thousands
+# The CronJob that trains the abuse model and publishes it into MODELS_CLAIM: `likes abuse train`
+# (cli/main.py's app, by module like every container's command) with its gate, so a version below
+# the goals is saved but never made current; --json: one line its logs keep.
+MODELS_PUBLISHER = "abuse-model-publish"
+PUBLISH_COMMAND = ("python", "-m", "cli.main", "abuse", "train", "--gate",
+                   "--model-dir", workloads.MODELS_MOUNT, "--json")  # fmt: skip
+# cli/abuse.py's EXIT_REFUSED (below the goals; no threshold) and EXIT_ERROR (a bad option): the
+# same image trains the same model again, so they fail the Job at once, without a retry
+PUBLISH_VERDICTS = (1, 2)
+PUBLISH_DEADLINE_S = 2 * 3600  # minutes at the default size; a hung run frees the schedule
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,8 @@ class ServicesArgs:
     cassandra_password: pulumi.Input[str]
     kafka_password: pulumi.Input[str]
     registry_password: pulumi.Input[str]
+    models_publish_schedule: str  # MODELS_PUBLISHER's cron schedule, in UTC
+    models_publisher: ContainerSize
     models_storage_class: str = "efs-sc"  # MODELS_CLAIM's class
     cert_depends_on: tuple[pulumi.Resource, ...] = ()  # the internal CA's issuer
 
@@ -101,7 +114,7 @@ class Services(pulumi.ComponentResource):
             )
         if any(spec.workload.sidecar is workloads.ABUSE_MODEL for spec in args.services):
             # the training job publishes versions here; the model servers read them
-            k8s.core.v1.PersistentVolumeClaim(
+            claim = k8s.core.v1.PersistentVolumeClaim(
                 MODELS_CLAIM,
                 metadata=kx.meta(MODELS_CLAIM, ns, kx.labels("likes", MODELS_CLAIM, "app")),
                 spec=kx.core.PersistentVolumeClaimSpecArgs(
@@ -113,6 +126,7 @@ class Services(pulumi.ComponentResource):
                 ),
                 opts=child,
             )
+            self._models_publisher(args, claim)
         self.upstreams = {}
         for spec in args.services:
             self._service(spec, args)
@@ -165,12 +179,7 @@ class Services(pulumi.ComponentResource):
         containers, volumes = [container], [kx.empty_dir("tmp")]
         if spec.workload.sidecar is not None:
             containers.append(self._sidecar(spec.workload.sidecar, spec, args.image))
-            volumes.append(kx.core.VolumeArgs(
-                name="models",
-                persistent_volume_claim=kx.core.PersistentVolumeClaimVolumeSourceArgs(
-                    claim_name=MODELS_CLAIM, read_only=True
-                ),
-            ))  # fmt: skip
+            volumes.append(_models_volume(read_only=True))
         secret, cert = tls_infra.workload_certificate(spec.name, ns, self, args.cert_depends_on)
         k8s.apps.v1.Deployment(
             spec.name,
@@ -240,6 +249,66 @@ class Services(pulumi.ComponentResource):
                 kx.mount("models", workloads.MODELS_MOUNT, read_only=True),
             ],
         )
+
+    def _models_publisher(self, args: ServicesArgs, claim: pulumi.Resource) -> None:
+        """Train the abuse model on schedule and publish it into the claim the model servers
+        read, which reload `current` on their own. Training is local (the traffic generator):
+        its pods need no network, and get none (infra/netpol.py: DNS only, as any pod no
+        policy selects)."""
+        size = args.models_publisher
+        lbls = kx.labels(MODELS_PUBLISHER, "model-publisher", "job")
+        cpu_limit = _double(size.cpu)
+        container = kx.core.ContainerArgs(
+            name=MODELS_PUBLISHER,
+            image=args.image,
+            command=list(PUBLISH_COMMAND),
+            # scikit-learn's OpenMP threads default to the node's cores, not the pod's limit:
+            # on a large node they would only fight over it (CFS throttling)
+            env=kx.env({"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": _cores(cpu_limit)}),
+            resources=kx.resources(size.cpu, f"{size.memory_mi}Mi", cpu_limit=cpu_limit),
+            security_context=kx.security(),
+            volume_mounts=[kx.mount("tmp", "/tmp"), kx.mount("models", workloads.MODELS_MOUNT)],
+        )
+        k8s.batch.v1.CronJob(
+            MODELS_PUBLISHER,
+            metadata=kx.meta(MODELS_PUBLISHER, args.namespace, lbls),
+            spec=k8s.batch.v1.CronJobSpecArgs(
+                schedule=args.models_publish_schedule,
+                time_zone="Etc/UTC",  # not the controller manager's zone
+                concurrency_policy="Forbid",  # a slow run is never joined by the next
+                successful_jobs_history_limit=3,
+                failed_jobs_history_limit=3,  # a refusal's pod keeps its logs: which goal failed
+                job_template=k8s.batch.v1.JobTemplateSpecArgs(
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
+                    spec=kx.setup_job_spec(
+                        lbls,
+                        container,
+                        [kx.empty_dir("tmp"), _models_volume(read_only=False)],
+                        backoff_limit=2,
+                        verdicts=PUBLISH_VERDICTS,
+                        deadline_s=PUBLISH_DEADLINE_S,
+                        node_class="services",  # minutes of CPU: not on the gateway's nodes
+                    ),
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[claim]),
+        )
+
+
+def _models_volume(read_only: bool) -> kx.core.VolumeArgs:
+    """MODELS_CLAIM as the pod's `models` volume: read-only for the model servers."""
+    return kx.core.VolumeArgs(
+        name="models",
+        persistent_volume_claim=kx.core.PersistentVolumeClaimVolumeSourceArgs(
+            claim_name=MODELS_CLAIM, read_only=read_only or None
+        ),
+    )
+
+
+def _cores(cpu: str) -> str:
+    """Whole cores of a CPU quantity, at least one ("1500m" -> "2")."""
+    n = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    return str(max(1, math.ceil(n)))
 
 
 def _double(cpu: str) -> str:

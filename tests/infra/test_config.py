@@ -72,6 +72,17 @@ def test_secretish_nested_key_in_plain_config_is_refused() -> None:
             {"system": {"instanceTypes": [], "minSize": 1, "desiredSize": 1, "maxSize": 1}},
             "likes:nodeGroups.system.instanceTypes",
         ),
+        # a CronJob schedule is five cron fields (or a macro); the time zone is the CronJob's
+        (
+            "likes:services",
+            {"abuseModelPublishSchedule": "every monday"},
+            "likes:services.abuseModelPublishSchedule",
+        ),
+        (
+            "likes:services",
+            {"abuseModelPublishSchedule": "TZ=Europe/Paris 0 3 * * 1"},
+            "likes:services.abuseModelPublishSchedule",
+        ),
     ],
 )
 def test_invalid_values_name_their_key(key: str, patch: dict[str, object], expected: str) -> None:

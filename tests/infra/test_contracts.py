@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -36,6 +37,9 @@ from urllib.parse import urlsplit
 import jsonschema
 import kopf
 import pytest
+import typer
+import typer.core
+import typer.main
 import yaml
 from cassandra.connection import DefaultEndPoint
 from cassandra.policies import SimpleConvictionPolicy
@@ -46,6 +50,7 @@ from pydantic import ValidationError
 from redis.cluster import RedisCluster
 from starlette.routing import Match
 
+from cli import abuse as abuse_cli
 from infra import alert_rules, config, envoy_config, observability, plan, stackfile
 from infra import redis as infra_redis
 from infra import schema_registry as infra_registry
@@ -254,6 +259,61 @@ def test_the_abuse_scorer_dials_its_model_sidecar_which_reads_the_models_claim(
     claim = named(p, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
     assert claim.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
     assert mount.get("readOnly") is True  # the trainer publishes; a server only reads
+
+
+def _cli_command(argv: list[str]) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """`python -m MODULE ARGS...` resolved by the module's own Typer app, as it would run: the
+    function a command line calls and the parameters it gets (a renamed command or option, or
+    a value its type refuses, raises)."""
+    assert argv[:2] == ["python", "-m"], argv
+    cmd = typer.main.get_command(importlib.import_module(argv[2]).app)
+    name, rest, ctx = "likes", argv[3:], None
+    while isinstance(cmd, typer.core.TyperGroup):
+        ctx = cmd.context_class(cmd, info_name=name, parent=ctx)
+        name, cmd, rest = cmd.resolve_command(ctx, rest)
+    ctx = cmd.make_context(name, rest, parent=ctx)
+    assert cmd.callback is not None
+    return inspect.unwrap(cmd.callback), ctx.params
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_models_publisher_trains_with_the_gate_into_the_claim_the_sidecar_reads(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    """Issue 13: the CronJob is what puts a model on the claim in production. Its command is
+    `likes abuse train` with the gate (a version below the goals never becomes current), and it
+    writes where the sidecar reads: the same claim, mounted writable at the path the sidecar's
+    own flags name."""
+    p, w, sidecar = plans[stack], workloads.ABUSE_SCORER, workloads.ABUSE_MODEL
+    job = named(p, "CronJob", infra_services.MODELS_PUBLISHER).inputs
+    pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    train, params = _cli_command([*c.get("command", []), *c.get("args", [])])
+    assert train is abuse_cli.train
+    assert params["gate"] is True and params["as_json"] is True
+    # the sidecar's --model-dir, parsed by the model server, and the claim behind its mount
+    deployment = named(p, "Deployment", w.name).inputs
+    served = deployment["spec"]["template"]["spec"]
+    (raw,) = [x for x in served["containers"] if x["name"] == sidecar.name]
+    model_dir = model_server.parser().parse_args(raw["command"][3:]).model_dir
+    assert str(params["model_dir"]) == str(model_dir) == workloads.MODELS_MOUNT
+    (read,) = [m for m in raw["volumeMounts"] if m["mountPath"] == str(model_dir)]
+    (write,) = [m for m in c["volumeMounts"] if m["mountPath"] == str(params["model_dir"])]
+    assert not write.get("readOnly")
+    claims = [
+        next(v for v in spec["volumes"] if v["name"] == m["name"])["persistentVolumeClaim"]
+        for spec, m in ((served, read), (pod, write))
+    ]
+    assert claims[0]["claimName"] == claims[1]["claimName"] == infra_services.MODELS_CLAIM
+    assert not claims[1].get("readOnly")
+    # a pod mounts only claims of its own namespace
+    assert job["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    # the exit codes that fail the Job at once are the command's own refusals
+    (verdicts,) = [r for r in job["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+                   if r["action"] == "FailJob"]  # fmt: skip
+    assert verdicts["onExitCodes"]["containerName"] == c["name"]
+    assert set(verdicts["onExitCodes"]["values"]) == {abuse_cli.EXIT_REFUSED, abuse_cli.EXIT_ERROR}
+    assert abuse_cli.EXIT_OK not in verdicts["onExitCodes"]["values"]
 
 
 @pytest.mark.parametrize(

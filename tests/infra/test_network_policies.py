@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import config, gateway, netpol, network, observability, plan, platform
+from infra import config, gateway, netpol, network, observability, plan, platform, services
 from services.contracts import workloads
 from tests.infra.conftest import STACKS, by_kind, named
 from tests.infra.netpol_eval import Address, Cluster, Pod
@@ -108,8 +108,9 @@ def model(p: plan.Plan) -> Model:
     }
     for r in p.resources:
         kind, md = r.inputs.get("kind"), r.inputs.get("metadata", {})
-        if kind in ("Deployment", "StatefulSet", "Job"):
-            t = r.inputs["spec"]["template"]
+        if kind in ("Deployment", "StatefulSet", "Job", "CronJob"):
+            spec = r.inputs["spec"]
+            t = (spec["jobTemplate"]["spec"] if kind == "CronJob" else spec)["template"]
             containers = t["spec"]["containers"]
             ports = _tcp(*(q["containerPort"] for c in containers for q in c.get("ports", [])))
             pod = Pod(md["namespace"], t["metadata"]["labels"], next(ips), md["name"], ports)
@@ -312,6 +313,25 @@ def test_the_services_reach_nothing_else(models: dict[str, Model], stack: str) -
         for other in workloads.ALL:
             dst = m.workload(other.name)
             assert not m.cluster.allowed(src, dst, other.port), f"{w.name} -> {other.name}"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_models_publisher_reaches_nothing_and_nothing_reaches_it(
+    models: dict[str, Model], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    """It trains on the generator and writes to its volume: no policy selects its pods, so the
+    namespace's default deny leaves them DNS only (a new dependency of the training command
+    would fail here, in its first run, not in a cluster)."""
+    m = models[stack]
+    (job,) = [p for p in m.pods if p.name == services.MODELS_PUBLISHER]
+    assert job.namespace == APPS
+    for dst, port, proto in _probes(m):
+        dns = dst.labels.get("k8s-app") == "kube-dns" and port == 53
+        assert m.cluster.allowed(job, dst, port, proto) == dns, f"-> {dst.name}:{port}/{proto}"
+        assert not m.cluster.allowed(dst, job, port, proto), f"{dst.name} -> it"
+    for address in _outside(configs[stack]).values():
+        for port in (80, 443):
+            assert not m.cluster.allowed(job, address, port), f"-> {address.name}:{port}"
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 import pytest
 import yaml
 
-from infra import config, kafka, plan, redis
-from services.contracts import events
+from infra import config, kafka, plan, redis, services
+from services.contracts import events, workloads
 from services.schema import cql_apply, registry_schemas
 from tests.infra.conftest import STACKS, by_kind, named
 
@@ -354,3 +355,81 @@ def test_each_peer_reaches_the_other_regions_peer_listener(
             assert listeners[port]["tls"] is True
             checked += 1
     assert checked >= 2  # prod-us and prod-eu peer each other
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_models_publisher_runs_on_its_schedule_alone_bounded_and_unprivileged(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    """The abuse model's publishing CronJob (what it runs and where it writes:
+    test_contracts.py): the stack's schedule in UTC, one run at a time, a bounded run and
+    history, a refusal failing at once and other failures retried, and a pod like the others:
+    non-root, read-only root, no API token."""
+    job = named(plans[stack], "CronJob", services.MODELS_PUBLISHER).inputs
+    cfg = configs[stack].services
+    spec = job["spec"]
+    assert job["apiVersion"] == "batch/v1"
+    assert spec["schedule"] == cfg.abuse_model_publish_schedule
+    assert spec["timeZone"] == "Etc/UTC"
+    assert spec["concurrencyPolicy"] == "Forbid"  # two runs would train the same model twice
+    assert spec["successfulJobsHistoryLimit"] >= 1 and spec["failedJobsHistoryLimit"] >= 1
+    run = spec["jobTemplate"]["spec"]
+    assert 1 <= run["backoffLimit"] <= 3 and run["activeDeadlineSeconds"] > 0
+    rules = {r["action"]: r for r in run["podFailurePolicy"]["rules"]}
+    assert rules["FailJob"]["onExitCodes"]["operator"] == "In"
+    assert rules["Ignore"]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    pod = run["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"  # a pod failure policy requires it
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    sec = c["securityContext"]
+    assert sec["runAsNonRoot"] is True and sec["readOnlyRootFilesystem"] is True
+    assert sec["allowPrivilegeEscalation"] is False and sec["capabilities"]["drop"] == ["ALL"]
+    # scikit-learn and joblib write their temporaries under /tmp: a volume of its own
+    (tmp,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp["name"])
+    size = cfg.abuse_model_publish
+    memory = f"{size.memory_mi}Mi"
+    assert c["resources"]["requests"] == {"cpu": size.cpu, "memory": memory}
+    assert c["resources"]["limits"]["memory"] == memory
+    env = {e["name"]: e["value"] for e in c["env"]}
+    limit = c["resources"]["limits"]["cpu"]
+    cores = int(limit[:-1]) / 1000 if limit.endswith("m") else float(limit)
+    assert env["OMP_NUM_THREADS"] == str(max(1, math.ceil(cores)))  # the limit, not the node
+
+
+def _services(*deployed: workloads.Workload) -> list[plan.Declared]:
+    """What infra/services.py declares for these workloads alone (no stack deploys fewer)."""
+    scale = config.ServiceScale(min_replicas=1, max_replicas=1)
+
+    def build() -> None:
+        specs = [services.ServiceSpec(w, scale, {}, config.ContainerSize() if w.sidecar else None)
+                 for w in deployed]  # fmt: skip
+        services.Services(
+            "services",
+            services.ServicesArgs(
+                namespace=workloads.NAMESPACE, image="likes:test", services=specs,
+                redis_password="r", cdn_purge_token="c", canary_token="t", etcd_password="e",
+                cassandra_password="s", kafka_password="k", registry_password="g",
+                models_publish_schedule="@weekly", models_publisher=config.ContainerSize(),
+            ),
+        )  # fmt: skip
+
+    return plan.declare(build)
+
+
+def test_the_models_claim_and_its_publisher_come_with_the_abuse_scorer_only() -> None:
+    def kinds(declared: list[plan.Declared]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for r in declared:
+            if "kind" in r.inputs:  # a Kubernetes object, not the component
+                out.setdefault(r.inputs["kind"], set()).add(r.inputs["metadata"]["name"])
+        return out
+
+    without = kinds(_services(workloads.WRITE, workloads.AGGREGATOR))
+    assert "Deployment" in without  # the build did declare the services
+    assert "PersistentVolumeClaim" not in without and "CronJob" not in without
+    with_scorer = kinds(_services(workloads.WRITE, workloads.ABUSE_SCORER))
+    assert with_scorer["PersistentVolumeClaim"] == {services.MODELS_CLAIM}
+    assert with_scorer["CronJob"] == {services.MODELS_PUBLISHER}

@@ -4,6 +4,7 @@ graded on held-out users, its artefacts, and `likes abuse train|evaluate|models`
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import json
 import math
@@ -164,9 +165,10 @@ def test_the_threshold_keeps_precision_with_confidence_over_users() -> None:
 
 def test_a_trained_model_reaches_the_goals_on_held_out_users(trained: model.Model) -> None:
     held = trained.meta["held_out"]
-    assert held["roc_auc"] >= 0.9, held
-    assert held["precision"] >= 0.8, held
-    assert held["recall"] >= 0.6, held
+    assert held["roc_auc"] >= model.GOALS.roc_auc, held
+    assert held["precision"] >= model.GOALS.precision, held
+    assert held["recall"] >= model.GOALS.recall, held
+    assert model.shortfalls(model.Evaluation.from_json(held)) == []  # the gate lets it through
     assert held["threshold"] == trained.threshold
     assert trained.threshold >= trained.params.min_score == 0.5  # more likely a bot than not
     assert trained.meta["sizes"]["held_out"]["users"] == pytest.approx(800, abs=10)
@@ -247,6 +249,9 @@ def test_train_then_evaluate_and_models_on_the_cli(
     assert r.exit_code == 0, r.output
     trained = json.loads(r.stdout)
     assert re.fullmatch(r"v\d{8}T\d{6}Z-[0-9a-f]{8}", trained["version"])
+    # gated by default, and it meets the goals: published
+    assert trained["published"] is True and trained["shortfalls"] == [], trained
+    assert trained["current"] == trained["version"]
     assert Path(trained["path"]).parent == layout.Layout(tmp_path, layout.Ports()).abuse_models
     r = runner.invoke(app, ["abuse", "evaluate", "--json"])
     assert r.exit_code == 0, r.output
@@ -262,6 +267,67 @@ def test_train_then_evaluate_and_models_on_the_cli(
     listed = json.loads(r.stdout)
     assert listed["current"] == trained["version"]
     assert [v["current"] for v in listed["versions"]] == [True]
+
+
+# Too few users for the goals: a threshold is found (precision holds) but the held-out recall
+# falls short (0.36 < 0.6 when written). Real training, not a mocked grade.
+WEAK = ["--users", "200", "--seed", "0"]
+
+
+def test_a_version_below_the_goals_is_saved_but_never_made_current(
+    trained: model.Model, tmp_path: Path
+) -> None:
+    """The publishing gate (issue 13): the servers keep serving the previous version."""
+    before = model.save(copy.deepcopy(trained), tmp_path).name
+    r = runner.invoke(app, ["abuse", "train", *WEAK, "--gate", "--model-dir", str(tmp_path),
+                            "--json"])  # fmt: skip
+    assert r.exit_code == 1, r.output
+    out = json.loads(r.stdout)
+    assert out["published"] is False and out["current"] == before
+    assert model.current_version(tmp_path) == before  # untouched
+    assert model.load(tmp_path).version == before
+    # saved all the same, for a look (`abuse evaluate --version`) or a deliberate `abuse use`
+    assert (tmp_path / out["version"] / model.META_FILE).is_file()
+    assert [v["version"] for v in model.versions(tmp_path)] == [before, out["version"]]
+    # the grades, and which goal each shortfall misses, by name and value
+    assert out["goals"] == dataclasses.asdict(model.GOALS)
+    misses = {x["figure"]: x for x in out["shortfalls"]}
+    assert misses, out
+    for figure, miss in misses.items():
+        assert miss["value"] == out[figure] < miss["goal"] == getattr(model.GOALS, figure)
+    assert "recall" in misses  # what this training set lacks (the others are met)
+    assert {"precision", "recall", "roc_auc", "threshold", "version", "sizes"} <= set(out)
+    # for people: the figure and its value, and that nothing changed
+    r = runner.invoke(app, ["abuse", "train", *WEAK, "--model-dir", str(tmp_path)])
+    assert r.exit_code == 1, r.output
+    assert f"recall {misses['recall']['value']:g} is below its goal" in r.output
+    assert f"current stays {before}" in r.output and "NOT made current" in r.output
+    assert model.current_version(tmp_path) == before
+
+
+def test_no_gate_publishes_a_version_below_the_goals_and_says_so(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["abuse", "train", *WEAK, "--no-gate", "--model-dir", str(tmp_path),
+                            "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["published"] is True and out["shortfalls"], out
+    assert model.current_version(tmp_path) == out["version"]
+    assert "published without the gate: held-out recall" in r.stderr
+
+
+def test_the_gate_names_every_goal_missed_and_a_missing_grade() -> None:
+    held = model.Evaluation(precision=0.79, recall=0.6, roc_auc=math.nan, threshold=0.5,
+                            rows=10, bots=10, calibration=())  # fmt: skip
+    misses = model.shortfalls(held)
+    assert [(x.figure, x.goal) for x in misses] == [
+        ("roc_auc", model.GOALS.roc_auc),
+        ("precision", model.GOALS.precision),
+    ]  # recall at its goal passes; no ROC AUC (one class only) fails
+    assert str(misses[1]) == f"precision 0.79 is below its goal {model.GOALS.precision:g}"
+    # the goals are an argument: a grade that meets these, but a stricter recall goal
+    graded = dataclasses.replace(held, precision=0.9, roc_auc=0.95)
+    assert model.shortfalls(graded) == []
+    assert [x.figure for x in model.shortfalls(graded, model.Goals(recall=0.61))] == ["recall"]
 
 
 def test_evaluate_without_a_model_exits_2_naming_the_problem(tmp_path: Path) -> None:
