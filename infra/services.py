@@ -35,6 +35,7 @@ PUBLISH_COMMAND = ("python", "-m", "cli.main", "abuse", "train", "--gate",
 # cli/abuse.py's EXIT_REFUSED (below the goals; no threshold) and EXIT_ERROR (a bad option): the
 # same image trains the same model again, so they fail the Job at once, without a retry
 PUBLISH_VERDICTS = (1, 2)
+PUBLISH_RETRIES = 2  # an OOM or a lost node: the run again (a refusal is a verdict, not retried)
 PUBLISH_DEADLINE_S = 2 * 3600  # minutes at the default size; a hung run frees the schedule
 
 
@@ -284,7 +285,7 @@ class Services(pulumi.ComponentResource):
                         lbls,
                         container,
                         [kx.empty_dir("tmp"), _models_volume(read_only=False)],
-                        backoff_limit=2,
+                        backoff_limit=PUBLISH_RETRIES,
                         verdicts=PUBLISH_VERDICTS,
                         deadline_s=PUBLISH_DEADLINE_S,
                         node_class="services",  # minutes of CPU: not on the gateway's nodes

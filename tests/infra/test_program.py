@@ -374,7 +374,8 @@ def test_the_models_publisher_runs_on_its_schedule_alone_bounded_and_unprivilege
     assert spec["concurrencyPolicy"] == "Forbid"  # two runs would train the same model twice
     assert spec["successfulJobsHistoryLimit"] >= 1 and spec["failedJobsHistoryLimit"] >= 1
     run = spec["jobTemplate"]["spec"]
-    assert 1 <= run["backoffLimit"] <= 3 and run["activeDeadlineSeconds"] > 0
+    assert run["backoffLimit"] == services.PUBLISH_RETRIES
+    assert run["activeDeadlineSeconds"] == services.PUBLISH_DEADLINE_S
     rules = {r["action"]: r for r in run["podFailurePolicy"]["rules"]}
     assert rules["FailJob"]["onExitCodes"]["operator"] == "In"
     assert rules["Ignore"]["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]

@@ -36,11 +36,12 @@ BOTS, HUMANS, POSTS_PER_BOT = 8, 12, 6
 SCORER, MODEL = workloads.ABUSE_SCORER.name, workloads.ABUSE_MODEL.name
 
 
-def metric(stack: Stack, name: str) -> float:
-    """The stack scorer's metric `name` (its samples summed), scraped from its ops port."""
-    text = httpx.get(f"{stack.ops_url(SCORER)}{workloads.METRICS_PATH}", timeout=5).text
-    return sum(s.value for f in text_string_to_metric_families(text)
-               for s in f.samples if s.name == name)  # fmt: skip
+def metric(stack: Stack, name: str, of: str = SCORER, **labels: str) -> float:
+    """The metric `name` of the stack's scorer (or `of`, its model server), its samples with
+    `labels` summed, scraped from its ops port."""
+    text = httpx.get(f"{stack.ops_url(of)}{workloads.METRICS_PATH}", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and labels.items() <= s.labels.items())  # fmt: skip
 
 
 def model_ready(stack: Stack) -> bool:
@@ -275,10 +276,7 @@ def test_a_published_version_that_does_not_load_files_a_ticket_and_the_previous_
     (models / bad / model.MODEL_FILE).write_bytes(b"\x80\x04truncated")
 
     def failing() -> float:
-        text = httpx.get(f"{stack.ops_url(MODEL)}{workloads.METRICS_PATH}", timeout=5).text
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == metric_names.ABUSE_MODEL_LOAD_FAILING
-                   and s.labels.get("version") == bad)  # fmt: skip
+        return metric(stack, metric_names.ABUSE_MODEL_LOAD_FAILING, MODEL, version=bad)
 
     began = time.time()
     try:

@@ -636,7 +636,6 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
         _quiet(stack, what, match)
     stop = threading.Event()
     answers: list[int] = []
-    writes: list[int] = []
 
     def readers() -> None:  # clients behind the CDN, reading a post through the gateway
         with httpx.Client(base_url=stack.gateway_url, timeout=5) as client:
@@ -647,24 +646,9 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
                     answers.append(0)
                 stop.wait(0.1)
 
-    def writers() -> None:  # users liking through the gateway
-        with httpx.Client(base_url=stack.gateway_url, timeout=5) as client:
-            while not stop.is_set():
-                user = f"u-{uuid.uuid4().hex[:8]}"
-                try:
-                    r = client.post(
-                        routes.WRITE_PATH, json={"post_id": "post-slo-w", "action": "like"},
-                        headers={"authorization": f"Bearer {stack.token(user)}",
-                                 "idempotency-key": str(uuid.uuid4())},
-                    )  # fmt: skip
-                    writes.append(r.status_code)
-                except httpx.TransportError:
-                    writes.append(0)
-                stop.wait(0.2)
-
     traffic = threading.Thread(target=readers, daemon=True)
     traffic.start()
-    writing = threading.Thread(target=writers, daemon=True)
+    writing = _Traffic(stack, stop)  # users liking through the gateway
     post = f"post-{uuid.uuid4()}"
     fired: dict[str, dict[str, Any]] = {}
     injected = time.time()
@@ -724,7 +708,8 @@ def test_kafka_refusing_writes_and_the_read_service_gone_fire_their_alerts_and_r
         traffic.join(timeout=10)
         writing.join(timeout=10)
     assert 503 in answers and 200 in answers, sorted(set(answers))
-    assert 503 in writes and 202 in writes, sorted(set(writes))  # the gateway's, then the service's
+    writes = {status for _, status in writing.written}
+    assert 503 in writes and 202 in writes, sorted(writes)  # the gateway's, then the service's
     # what fired the read burn: the gateway's term, from Envoy's own series under the workload
     # the program annotates (its pods' scrape annotations; the local Envoy's stats listener)
     query = (
