@@ -58,15 +58,23 @@ def outbox_rows(cql: Session, user: str) -> list[object]:
 
 
 def events_for(
-    stack: Stack, intent_uuids: set[str], want: int, timeout: float = 30
+    stack: Stack, intent_uuids: set[str], want: int, timeout: float = 30, lookback_s: float = 600
 ) -> list[events.LikeEvent]:
-    """Consume likes.committed from the beginning; the events of these intents."""
+    """Consume likes.committed from `lookback_s` ago (by message time, so a topic a long test run
+    has filled is not read from its beginning: on a loaded machine that alone outlasted a 60 s
+    wait); the events of these intents."""
     deser = clients.like_deserializer(clients.schema_registry(stack.settings()))
     c = Consumer({**stack.kafka_config(), "group.id": f"t-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
     md = c.list_topics(events.COMMITTED, timeout=10).topics[events.COMMITTED]
-    parts = [TopicPartition(events.COMMITTED, p, 0) for p in md.partitions]
-    ends = {p.partition: c.get_watermark_offsets(p, timeout=10)[1] for p in parts}
+    since_ms = int((time.time() - lookback_s) * 1000)
+    wanted = [TopicPartition(events.COMMITTED, p, since_ms) for p in md.partitions]
+    ends = {p: c.get_watermark_offsets(TopicPartition(events.COMMITTED, p), timeout=10)[1]
+            for p in md.partitions}  # fmt: skip
+    # offsets_for_times answers -1 for a partition with nothing that recent: start at its end
+    parts = [TopicPartition(events.COMMITTED, tp.partition,
+                            tp.offset if tp.offset >= 0 else ends[tp.partition])
+             for tp in c.offsets_for_times(wanted, timeout=10)]  # fmt: skip
     c.assign(parts)
     found: list[events.LikeEvent] = []
     deadline = time.monotonic() + timeout
