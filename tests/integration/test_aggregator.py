@@ -149,8 +149,13 @@ def register_event_schema(s: AggregatorSettings, topics: Sequence[str]) -> None:
 def settings(base_settings: AggregatorSettings) -> AggregatorSettings:
     """A fresh group whose committed offsets are the current ends of the topics."""
     group = f"agg-test-{uuid.uuid4().hex[:10]}"
-    s = base_settings.model_copy(update={"agg_group_id": group})
-    c = Consumer({**clients.kafka_config(s), "group.id": group})
+    return at_the_ends(base_settings.model_copy(update={"agg_group_id": group}))
+
+
+def at_the_ends(s: AggregatorSettings) -> AggregatorSettings:
+    """`s`, its group's offsets committed at the current ends of its source topics: a new group
+    would start at the earliest offset and read the whole run's backlog first."""
+    c = Consumer({**clients.kafka_config(s), "group.id": s.agg_group_id})
     try:
         offsets = []
         for topic in s.source_topics:
@@ -360,10 +365,10 @@ def test_a_peer_regions_mirrored_events_refresh_counts_and_filters_without_count
     # likes only after A's next local like (or the 7-day TTL), and B's likers' filters in A said
     # a definite "no"; the mirrored topics were consumed by nothing
     peer = f"zz{uuid.uuid4().hex[:6]}"
-    s = base_settings.model_copy(
+    s = at_the_ends(base_settings.model_copy(
         update={"agg_group_id": f"agg-{peer}", "agg_peer_regions": peer,
                 "agg_remote_recheck_s": 3.0},
-    )  # fmt: skip
+    ))  # fmt: skip
     admin = AdminClient(clients.kafka_config(s))
     wait_all(admin.create_topics([NewTopic(t, 1, 1) for t in s.mirrored_topics]))
     register_event_schema(s, s.mirrored_topics)
