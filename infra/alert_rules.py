@@ -42,6 +42,7 @@ __all__ = [
     "DEAD_LETTER_DAILY_LIMIT",
     "HOTKEY_OPERATOR",
     "HOTKEY_SAMPLER",
+    "INHIBITIONS",
     "OUTBOX_RELAY",
     "OUTBOX_SHARDS_UNOWNED",
     "READ",
@@ -60,7 +61,9 @@ __all__ = [
     "WORKLOADS",
     "WORKLOAD_LABEL",
     "WRITE",
+    "WRITE_AVAILABILITY_BURN",
     "BurnRateAlert",
+    "Inhibition",
     "Slo",
     "abuse_alerts",
     "alert_name",
@@ -324,6 +327,32 @@ def _percent(ratio: float) -> str:
 
 def alert_name(slo: Slo) -> str:
     return f"{_camel(slo.name)}BudgetBurn"
+
+
+# The write SLO's burn alert, by name (alert_name of the write-availability Slo above)
+WRITE_AVAILABILITY_BURN = "WriteAvailabilityBudgetBurn"
+
+
+@dataclass(frozen=True)
+class Inhibition:
+    """While a `source` page fires, Alertmanager holds back `target` (infra/observability.py
+    alertmanager_config renders it as an inhibit rule): one cause, one page. The target still
+    shows in `likes alerts` as suppressed, and pages on its own once the source resolves."""
+
+    source: str  # alert name; only its page-severity alerts inhibit
+    target: str  # alert name
+    why: str
+
+
+INHIBITIONS = (
+    Inhibition(
+        WRITE_AVAILABILITY_BURN,
+        OUTBOX_SHARDS_UNOWNED,
+        # seen in the game days: a Cassandra cut paged twice, for the one store both live in
+        "the relays' leases live in the edge-store: when it is down the writes burn (503s) and "
+        "the leases lapse, and the write-availability runbook's first check is that store",
+    ),
+)
 
 
 def recording_name(window: str) -> str:

@@ -367,7 +367,19 @@ def alertmanager_config(
         "repeat_interval": "4h",
         "routes": routes,
     }
-    return {"route": route, "receivers": out}
+    inhibit = [
+        {
+            "source_matchers": [
+                f'alertname="{i.source}"',
+                f'severity="{alert_rules.SEVERITY_PAGE}"',
+            ],
+            "target_matchers": [f'alertname="{i.target}"'],
+            # one region's store down says nothing of another region's relays
+            "equal": ["region"],
+        }
+        for i in alert_rules.INHIBITIONS
+    ]
+    return {"route": route, "receivers": out, "inhibit_rules": inhibit}
 
 
 def grafana_provisioning(prometheus_url: str) -> dict[str, str]:

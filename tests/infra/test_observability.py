@@ -348,6 +348,34 @@ def test_watchdog_pages_and_tickets_reach_their_receivers(
     assert "null" not in receivers
 
 
+def test_each_inhibition_names_a_page_and_an_alert_the_rules_define() -> None:
+    """An inhibit rule naming an alert nobody defines (a rename) silently holds back nothing,
+    and a source that is not a page could hide a page behind a ticket."""
+    groups = alert_rules.rule_groups(alert_rules.default_slos())["groups"]
+    severities: dict[str, set[str]] = {}
+    for g in groups:
+        for r in g["rules"]:
+            if "alert" in r:
+                severities.setdefault(r["alert"], set()).add(r["labels"]["severity"])
+    write = [s for s in alert_rules.default_slos() if s.name == "write-availability"]
+    assert [alert_rules.alert_name(s) for s in write] == [alert_rules.WRITE_AVAILABILITY_BURN]
+    assert alert_rules.INHIBITIONS
+    for inh in alert_rules.INHIBITIONS:
+        assert alert_rules.SEVERITY_PAGE in severities[inh.source], inh
+        assert inh.target in severities and inh.target != inh.source, inh
+    cfg = observability.alertmanager_config(
+        True, observability.AlertReceivers("https://t.example.com/hook")
+    )
+    rendered = {
+        (r["source_matchers"][0], r["target_matchers"][0], tuple(r["equal"]))
+        for r in cfg["inhibit_rules"]
+    }
+    assert rendered == {
+        (f'alertname="{i.source}"', f'alertname="{i.target}"', ("region",))
+        for i in alert_rules.INHIBITIONS
+    }
+
+
 def test_pages_go_to_tickets_without_a_pagerduty_key() -> None:
     cfg = observability.alertmanager_config(
         False, observability.AlertReceivers("https://t.example.com/hook")

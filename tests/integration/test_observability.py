@@ -5,7 +5,9 @@ Prometheus -> Alertmanager -> heartbeat route -> the local webhook sink."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import httpx
@@ -236,3 +238,57 @@ def test_watchdog_reaches_the_webhook_sink_through_the_heartbeat_route(stack: St
     everything = httpx.get(f"{sink}/", timeout=5).json()
     elsewhere = [e["receiver"] for e in everything if _carries_watchdog(e)]
     assert set(elsewhere) == {observability.HEARTBEAT_RECEIVER}, elsewhere
+
+
+def test_a_write_burn_page_holds_back_outbox_shards_unowned_in_its_own_region_only(
+    stack: Stack,
+) -> None:
+    """The rendered inhibit rules, in the stack's Alertmanager: each INHIBITIONS source paging
+    holds back its target in the same region (suppressed, inhibited by the source), not the
+    target of another region, and a ticket-severity source holds back nothing."""
+    am = f"http://{stack.host}:{stack.layout.ports.alertmanager}/api/v2/alerts"
+    tag = uuid.uuid4().hex[:8]
+    start = datetime.now(UTC)
+
+    def alert(name: str, region: str, severity: str, until: datetime) -> dict[str, Any]:
+        return {
+            "labels": {"alertname": name, "region": region, "severity": severity, "test": tag},
+            "startsAt": start.isoformat(),
+            "endsAt": until.isoformat(),
+        }
+
+    here, there, quiet = f"r-{tag}", f"other-{tag}", f"ticket-{tag}"
+    later = start + timedelta(minutes=10)
+    assert alert_rules.INHIBITIONS
+    for inh in alert_rules.INHIBITIONS:
+        sent = [
+            alert(inh.source, here, alert_rules.SEVERITY_PAGE, later),
+            alert(inh.target, here, alert_rules.SEVERITY_PAGE, later),
+            alert(inh.target, there, alert_rules.SEVERITY_PAGE, later),
+            alert(inh.source, quiet, alert_rules.SEVERITY_TICKET, later),
+            alert(inh.target, quiet, alert_rules.SEVERITY_PAGE, later),
+        ]
+        httpx.post(am, json=sent, timeout=10).raise_for_status()
+        try:
+
+            def states(target: str = inh.target) -> dict[tuple[str, str], dict[str, Any]] | None:
+                got = httpx.get(am, params={"filter": f'test="{tag}"'}, timeout=10).json()
+                by = {(a["labels"]["alertname"], a["labels"]["region"]): a for a in got}
+                held = len(by) == 5 and by[(target, here)]["status"]["state"] == "suppressed"
+                return by if held else None
+
+            by = _eventually(states, 60, f"{inh.target} suppressed by {inh.source}")
+            source = by[(inh.source, here)]
+            assert source["status"]["state"] == "active"
+            assert by[(inh.target, here)]["status"]["inhibitedBy"] == [source["fingerprint"]]
+            # held for a few evaluations: the other region's and the ticket's targets stay active
+            for _ in range(3):
+                time.sleep(1)
+                by = states() or {}
+                assert by[(inh.target, there)]["status"]["state"] == "active", by
+                assert by[(inh.target, quiet)]["status"]["state"] == "active", by
+                assert by[(inh.target, here)]["status"]["state"] == "suppressed", by
+        finally:  # resolved at once, so no later test sees them firing
+            now = datetime.now(UTC)
+            done = [{**a, "endsAt": now.isoformat()} for a in sent]
+            httpx.post(am, json=done, timeout=10).raise_for_status()
