@@ -232,12 +232,12 @@ class ServicesConfig(_Model):
     )
     # one canary user per region: a second replica would flip the same likes
     canary: ServiceScale = ServiceScale(min_replicas=1, max_replicas=1, cpu="100m", memory_mi=256)
-    # One per region: a user's pace and networks are the scorer's own state, and likes.committed
-    # is keyed by post, so a second replica would see each user's likes split in two (half the
-    # pace: a storm scored as two humans). Scaling out needs a user-keyed topic first
-    # (services/abuse/scorer.py).
+    # likes.committed is keyed by post, so each replica reads a share of every user's likes: with
+    # max_replicas > 1 the program renders the shared feature store (the features' state in the
+    # idem-store, services/abuse/shared_features.py), so a user's pace is not split between them.
+    # Two at least: a pod lost or rolled leaves one scoring (the PDB keeps one up).
     abuse_scorer: ServiceScale = ServiceScale(
-        min_replicas=1, max_replicas=1, cpu="1", memory_mi=1024
+        min_replicas=2, max_replicas=8, cpu="1", memory_mi=1024
     )
     abuse_model: ContainerSize = ContainerSize(cpu="1", memory_mi=512)  # its sidecar
     # the abuse model's versions, shared by every scorer pod and by the training job that

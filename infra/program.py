@@ -28,6 +28,7 @@ from infra import (
 )
 from infra import k8s as kx
 from infra import tls as tls_infra
+from services.abuse import settings as abuse_settings
 from services.contracts import etcd as etcd_contract
 from services.contracts import kafka as kafka_contract
 from services.contracts import logins, tls, workloads
@@ -376,7 +377,13 @@ def workload_env(
         },
         workloads.HOTKEY_OPERATOR.name: {"hot_pools": ",".join(hot_pools)},
         # its model server: the pod's sidecar, on localhost
-        workloads.ABUSE_SCORER.name: {"abuse_model_target": workloads.ABUSE_MODEL.target},
+        workloads.ABUSE_SCORER.name: {
+            "abuse_model_target": workloads.ABUSE_MODEL.target,
+            # more than one replica: the features' state must be shared (services/abuse/scorer.py)
+            "abuse_feature_store": abuse_settings.feature_store_for(
+                cfg.services.abuse_scorer.max_replicas
+            ),
+        },
     }
     return {
         w.name: w.settings_class().render_env({**common, **extra.get(w.name, {})})

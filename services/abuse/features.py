@@ -34,7 +34,7 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -75,11 +75,15 @@ class Observation:
     device: str | None
     account_created: float | None  # epoch seconds
     bot: bool | None = None
+    # the event's id: what makes observing it again a no-op in the shared state
+    # (services/abuse/shared_features.py); None for generated traffic
+    event_id: str | None = None
 
     @classmethod
     def from_event(cls, e: events.LikeEvent) -> Observation:
         created = None if e.account_created is None else e.account_created / 1000.0
-        return cls(e.user_id, e.post_id, e.occurred_at / 1000.0, e.client_ip, e.device, created)
+        return cls(e.user_id, e.post_id, e.occurred_at / 1000.0, e.client_ip, e.device, created,
+                   event_id=e.event_id)  # fmt: skip
 
 
 def subnet_of(ip: str) -> str:
@@ -124,9 +128,15 @@ class _Entropy:
             self.s = 0.0  # no float drift survives an empty window
 
     def bits(self) -> float:
-        if self.n <= 1:
-            return 0.0
-        return max(0.0, (math.log(self.n) - self.s / self.n) / _LN2)
+        return entropy_bits(self.n, self.s)
+
+
+def entropy_bits(n: int, s: float) -> float:
+    """Shannon entropy (bits) of a multiset of `n` items whose counts c give s = sum c ln c
+    (over c > 1): the one formula of both feature stores."""
+    if n <= 1:
+        return 0.0
+    return max(0.0, (math.log(n) - s / n) / _LN2)
 
 
 class _User:
@@ -274,6 +284,12 @@ class Features:
             float(len(user.devices)),
             age,
         )
+
+    def observe_many(
+        self, likes: Sequence[Observation | events.LikeEvent]
+    ) -> list[tuple[float, ...]]:
+        """Each like's row, observed in order (the scorer's one interface to both stores)."""
+        return [self.observe(like) for like in likes]
 
     def keys(self) -> dict[str, int]:
         """How many keys each table holds (the memory bound's unit)."""

@@ -13,6 +13,7 @@ from services.abuse.features import Features
 from services.abuse.model_server import ModelClient
 from services.abuse.scorer import Scorer, StormWatch
 from services.abuse.settings import ScorerSettings
+from services.abuse.shared_features import SharedFeatures
 from services.abuse.voids import Voider
 from services.contracts import clients, degrade
 from services.write.core import Publisher
@@ -57,7 +58,12 @@ def build(s: ScorerSettings, **consumer_overrides: Any) -> Built:
         s,
         consumer=Consumer(consumer_config(s, **overrides)),
         deserialize=clients.like_deserializer(registry),
-        features=Features(),
+        # the shared state is namespaced like the topics (a benchmark's copies keep their own)
+        features=(
+            SharedFeatures(idem, prefix=s.abuse_topic_prefix)
+            if s.abuse_feature_store == "shared"
+            else Features()
+        ),
         model=model,
         voider=voider,
         storms=StormWatch(lambda user: degrade.degrade(idem, user)),

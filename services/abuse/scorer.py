@@ -19,11 +19,14 @@ Failure modes (the seed's, issue 13):
   relay).
 - The edge-store or the registry is down: as for the model, the batch is held and retried.
 
-Features are computed once per event, when it is first read (services/abuse/features.py), so a
-held batch is retried with the same rows. The feature state is this process's: it sees the
-partitions it owns. (likes.committed is keyed by post, so with several replicas a user's likes
-spread over them and per-user rates read low: the scorer must run as one replica per region
-until the state moves to a user-keyed topic. Written down in the issue's notes.)
+Features are computed once per batch, before its first Score call, and kept with the held batch,
+so a retry is scored on the same rows. Where their state lives is the `abuse_feature_store`
+setting: `memory` (services/abuse/features.py, this process's: it sees only the partitions it
+owns, and likes.committed is keyed by post, so it is right for one replica only) or `shared`
+(services/abuse/shared_features.py, in the idem-store: every replica sees every like of a user;
+the program renders it whenever the scorer may run more than one replica). The idem-store down,
+unreachable or full while a batch is observed: the batch is held exactly as for the model
+(dependency `feature-store`), and observing it again once the store is back counts nothing twice.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
@@ -44,6 +47,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from services.abuse import features, metrics
 from services.abuse.model_server import ModelUnavailable, Verdicts
 from services.abuse.settings import ScorerSettings
+from services.abuse.shared_features import FeatureStoreUnavailable
 from services.common.worker_http import LoopHealth
 from services.contracts import degrade, events
 from services.contracts.clients import REDIS_ERRORS
@@ -53,7 +57,9 @@ log = logging.getLogger("abuse.scorer")
 
 MODEL = "model"
 EDGE_STORE = "edge-store"
-for _dep in (MODEL, EDGE_STORE):  # bound at start: "no failure" reads 0, not "No data"
+FEATURE_STORE = "feature-store"  # the shared feature state's store (the idem-store)
+DEPENDENCIES = (MODEL, EDGE_STORE, FEATURE_STORE)
+for _dep in DEPENDENCIES:  # bound at start: "no failure" reads 0, not "No data"
     metrics.DEPENDENCY_FAILURES.labels(_dep)
 
 
@@ -64,7 +70,10 @@ class Model(Protocol):
 
 
 class FeatureState(Protocol):
-    def observe(self, event: events.LikeEvent) -> Sequence[float]: ...
+    """features.Features or shared_features.SharedFeatures: each like's row, in order; the
+    shared one raises FeatureStoreUnavailable."""
+
+    def observe_many(self, likes: Sequence[events.LikeEvent]) -> Sequence[Sequence[float]]: ...
 
 
 class VoidWriter(Protocol):
@@ -109,6 +118,7 @@ class Held:
 
     likes: list[tuple[events.LikeEvent, Sequence[float]]]
     positions: dict[tuple[str, int], int]  # next offset per partition, committed once done
+    pending: list[events.LikeEvent] = field(default_factory=list)  # read, not yet featurized
 
 
 class Scorer:
@@ -139,7 +149,7 @@ class Scorer:
         self._uncommitted: dict[tuple[str, int], int] = {}
         self._commit_retry_at = 0.0
         self.stop = threading.Event()
-        self.loop = LoopHealth((MODEL, EDGE_STORE), clock=clock)
+        self.loop = LoopHealth(DEPENDENCIES, clock=clock)
         self.assigned: list[KTP] = []
         # the driver and the producer are thread-safe; each void is conditional on its own like
         # (services/abuse/voids.py), so a batch's voids may run in any order and at once
@@ -208,16 +218,22 @@ class Scorer:
                 continue
             metrics.EVENTS.inc()
             if isinstance(e, events.LikeEvent) and e.action == "like" and e.delta > 0:
-                held.likes.append((e, self.features.observe(e)))
+                held.pending.append(e)
         return held
 
     def _finish(self, held: Held) -> None:
         """Score, void and commit; on a dependency's failure hold the batch and back off."""
         try:
+            if held.pending:
+                rows = self.features.observe_many(held.pending)
+                held.likes.extend(zip(held.pending, rows, strict=True))
+                held.pending = []
             if held.likes:
                 self._score_and_void(held)
-        except (ModelUnavailable, Unavailable) as e:
-            dep = MODEL if isinstance(e, ModelUnavailable) else EDGE_STORE
+        except (ModelUnavailable, Unavailable, FeatureStoreUnavailable) as e:
+            dep = (MODEL if isinstance(e, ModelUnavailable)
+                   else FEATURE_STORE if isinstance(e, FeatureStoreUnavailable)
+                   else EDGE_STORE)  # fmt: skip
             if self.held is None:
                 self.consumer.pause(self.assigned)
                 log.warning("scoring deferred", extra={"fields": {"waiting_for": dep,

@@ -71,3 +71,19 @@ def degraded_key(user_id: str) -> str:
 def gate_key(user_id: str) -> str:
     """In the idem-store, the same slot as degraded_key: a degraded user's last admitted like."""
     return f"abuse:gate:{{{user_id}}}"
+
+
+# In the idem-store: the abuse scorer's shared feature state (services/abuse/shared_features.py).
+# One hash tag per thing a feature is keyed by, so the keys one script call touches share a slot.
+def abuse_user_keys(user_id: str) -> list[str]:
+    """A user's likes of the last hour (ZSET), and the counts of their /24s, addresses and
+    devices among those likes (HASHes)."""
+    tag = f"abuse:f:{{u:{user_id}}}"
+    return [f"{tag}:likes", f"{tag}:subnets", f"{tag}:ips", f"{tag}:devices"]
+
+
+def abuse_seen_keys(kind: str, value: str) -> list[str]:
+    """Who was seen on a /24 (`kind` "sub": also its likes of the last minute), an address
+    ("ip") or a device ("dev") (ZSETs)."""
+    tag = f"abuse:f:{{{kind}:{value}}}"
+    return [f"{tag}:users", f"{tag}:likes"] if kind == "sub" else [f"{tag}:users"]

@@ -51,7 +51,7 @@ from redis.cluster import RedisCluster
 from starlette.routing import Match
 
 from cli import abuse as abuse_cli
-from infra import alert_rules, config, envoy_config, observability, plan, stackfile
+from infra import alert_rules, config, envoy_config, observability, plan, program, stackfile
 from infra import redis as infra_redis
 from infra import schema_registry as infra_registry
 from infra import scylla as infra_scylla
@@ -259,6 +259,42 @@ def test_the_abuse_scorer_dials_its_model_sidecar_which_reads_the_models_claim(
     claim = named(p, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
     assert claim.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
     assert mount.get("readOnly") is True  # the trainer publishes; a server only reads
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_scorer_that_may_run_several_replicas_shares_its_features(
+    plans: dict[str, plan.Plan], build_settings: Callable[..., Settings], stack: str
+) -> None:
+    """likes.committed is keyed by post: two scorer replicas each read a share of every user's
+    likes, and in-process features would see half a bot's pace. A scorer that the HPA may scale
+    past one replica must read the shared feature store, rendered from its own settings class;
+    the PDB keeps one scoring through a drain."""
+    p, w = plans[stack], workloads.ABUSE_SCORER
+    hpa = named(p, "HorizontalPodAutoscaler", w.name).inputs["spec"]
+    assert hpa["scaleTargetRef"]["name"] == w.name
+    assert hpa["maxReplicas"] > 1 and hpa["minReplicas"] >= 2
+    scorer = build_settings(w, likes_env(container_of(p, w)))
+    assert scorer.abuse_feature_store == "shared"  # type: ignore[attr-defined]
+    assert w.settings_class().env_name("abuse_feature_store") in container_of(p, w).env
+    pdb = named(p, "PodDisruptionBudget", w.name).inputs["spec"]
+    assert pdb["selector"]["matchLabels"] == named(p, "Deployment", w.name).inputs["spec"][
+        "selector"]["matchLabels"]  # fmt: skip
+
+
+def test_a_scorer_pinned_to_one_replica_keeps_its_features_in_memory(
+    configs: dict[str, config.StackConfig],
+) -> None:
+    """The setting follows the scale, both ways: one replica sees every like (memory is right
+    and cheaper); the program renders it from max_replicas, never from a second switch."""
+    cfg = configs["staging"]
+    one = config.ServiceScale(min_replicas=1, max_replicas=1, cpu="1", memory_mi=1024)
+    pinned = cfg.model_copy(
+        update={"services": cfg.services.model_copy(update={"abuse_scorer": one})}
+    )
+    w = workloads.ABUSE_SCORER
+    name = w.settings_class().env_name("abuse_feature_store")
+    assert program.workload_env(pinned, {}, [])[w.name][name] == "memory"
+    assert program.workload_env(cfg, {}, [])[w.name][name] == "shared"
 
 
 def _cli_command(argv: list[str]) -> tuple[Callable[..., Any], dict[str, Any]]:
