@@ -89,8 +89,9 @@ def test_a_poisoned_event_fixed_and_replayed_is_counted_once(stack: Stack) -> No
     assert found["garbage"]["event_id"] is None and found["garbage"]["readable"] is False
 
     # fixed, replayed to the aggregator's group, twice: counted once (the second copy is the same
-    # intent within the dedup horizon, not a second like). Done first: the horizon (56 s) runs
-    # from the event's occurred_at, and a loaded machine spends a good part of it on the CLI
+    # intent within the dedup horizon, not a second like). Done first: the horizon (twice the
+    # convergence hold, under a minute) runs from the event's occurred_at, and a loaded machine
+    # spends a good part of it on the CLI
     out = dlq_cli(stack, "replay", poison.event_id, "--set", "reaction=like", "--yes", "--json")
     targets = [(r["id"], r["group"]) for r in out["replayed"]]
     assert targets == [(mine["id"], kafka.AGGREGATOR_GROUP)]
