@@ -2,7 +2,7 @@
 visible in the count, on an idle stack and under steady traffic (issue 13).
 
     LIKES_HOME=... LIKES_PORT_OFFSET=... .venv/bin/python bench/bench_abuse.py [--users 2000]
-        [--rings 4] [--steady-s 150 --steady-rate 10 --ring-every 10]
+        [--rings 4] [--steady-s 150 --steady-rate 10 --ring-every 10] [--feature-store memory]
 
 Needs a running local stack (`likes local up`) with a model (its first start trains one). Writes
 the generator's human and bot traffic (services/abuse/generator.py: bursts, rings on one /24,
@@ -537,6 +537,11 @@ def main() -> None:
     )
     ap.add_argument("--ring-every", type=float, default=10.0,
                     help="seconds between two rings during --steady-s")  # fmt: skip
+    ap.add_argument(
+        "--feature-store", choices=("rendered", "memory", "shared"), default="rendered",
+        help="where the benchmarked scorer keeps its features: what the program renders for "
+        "the stack (shared when the scorer may run several replicas), or either one",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.steady_s > 0 and min(args.steady_rate, args.ring_every) <= 0:
         ap.error("--steady-rate and --ring-every must be positive")
@@ -554,6 +559,9 @@ def main() -> None:
     )  # fmt: skip
     prefix = f"bench-{uuid.uuid4().hex[:8]}."
     s = scorer_settings(lay, prefix, f"{layout.HOST}:{port}")
+    if args.feature_store != "rendered":
+        s = s.model_copy(update={"abuse_feature_store": args.feature_store})
+    print(f"features kept in: {s.abuse_feature_store}")
     specs = [topics.TopicSpec(prefix + t, args.partitions, {}) for t in events.EVENT_TOPICS]
     topics.ensure(clients.kafka_config(s), lay.kafka_brokers, specs)
     registry = clients.schema_registry(s)
@@ -618,6 +626,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "abuse", "likes": n, "raw_per_s": round(raw_rate), "scorer_per_s":
         round(scorer_rate), "ratio": round(scorer_rate / raw_rate, 3), "model": current.version,
+        "feature_store": s.abuse_feature_store,
         **check, **visible, **steady,
     }))  # fmt: skip
 
