@@ -61,12 +61,14 @@ __all__ = [
     "WORKLOADS",
     "WORKLOAD_LABEL",
     "WRITE",
+    "WRITE_AVAILABILITY",
     "WRITE_AVAILABILITY_BURN",
     "BurnRateAlert",
     "Inhibition",
     "Slo",
     "abuse_alerts",
     "alert_name",
+    "burn_alert_name",
     "default_slos",
     "plain_alerts",
     "recording_name",
@@ -115,6 +117,7 @@ CDN_PURGE_FAILING = "CdnPurgeFailing"
 TEAM_LABEL = "team"
 ABUSE_TEAM = "abuse"
 OUTBOX_SHARDS_UNOWNED = "OutboxShardsUnowned"
+WRITE_AVAILABILITY = "write-availability"  # the write SLO's name (its `slo` label)
 
 
 @dataclass(frozen=True)
@@ -275,7 +278,7 @@ def default_slos() -> list[Slo]:
             runbook="read-latency",
         ),
         Slo(
-            name="write-availability",
+            name=WRITE_AVAILABILITY,
             service=WRITE,
             # a fail-closed 503 (idem-store or edge-store down) spends this budget, by design
             objective=0.999,
@@ -326,11 +329,16 @@ def _percent(ratio: float) -> str:
 
 
 def alert_name(slo: Slo) -> str:
-    return f"{_camel(slo.name)}BudgetBurn"
+    return burn_alert_name(slo.name)
+
+
+def burn_alert_name(slo_name: str) -> str:
+    """The burn-rate alert of the SLO named `slo_name`."""
+    return f"{_camel(slo_name)}BudgetBurn"
 
 
 # The write SLO's burn alert, by name (alert_name of the write-availability Slo above)
-WRITE_AVAILABILITY_BURN = "WriteAvailabilityBudgetBurn"
+WRITE_AVAILABILITY_BURN = burn_alert_name(WRITE_AVAILABILITY)
 
 
 @dataclass(frozen=True)

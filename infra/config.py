@@ -232,12 +232,16 @@ class ServicesConfig(_Model):
     )
     # one canary user per region: a second replica would flip the same likes
     canary: ServiceScale = ServiceScale(min_replicas=1, max_replicas=1, cpu="100m", memory_mi=256)
-    # likes.committed is keyed by post, so each replica reads a share of every user's likes: with
-    # max_replicas > 1 the program renders the shared feature store (the features' state in the
-    # idem-store, services/abuse/shared_features.py), so a user's pace is not split between them.
-    # Two at least: a pod lost or rolled leaves one scoring (the PDB keeps one up).
+    # One per region, for now. likes.committed is keyed by post, so each replica reads a share of
+    # every user's likes: with max_replicas > 1 the program renders the shared feature store (the
+    # features' state in the idem-store, services/abuse/shared_features.py), which computes the
+    # rows one process would. Not lifted yet, for three reasons a second replica would hit:
+    # StormWatch's void counts are still per process (two replicas: a bot needs ~2x the voids to
+    # be degraded); the idem-store never evicts and fails the writes' dedup closed when full (the
+    # shared state is 152 B a like of the hour: prod-us's idem-store holds ~70 K likes/s of it);
+    # and the script's HVALS per like runs on the write path's dedup store.
     abuse_scorer: ServiceScale = ServiceScale(
-        min_replicas=2, max_replicas=8, cpu="1", memory_mi=1024
+        min_replicas=1, max_replicas=1, cpu="1", memory_mi=1024
     )
     abuse_model: ContainerSize = ContainerSize(cpu="1", memory_mi=512)  # its sidecar
     # the abuse model's versions, shared by every scorer pod and by the training job that

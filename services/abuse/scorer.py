@@ -89,7 +89,8 @@ class StormWatch:
     """Who is storming: a user whose likes were voided `degrade.STORM_VOIDS` times within
     `degrade.STORM_WINDOW_S` (by the likes' own time, so a replay finds the same storms) is
     degraded once (services/contracts/degrade.py). Memory: the void times of users voided in
-    the last window only."""
+    the last window only. This process's own, unlike the features: with several replicas each
+    would see a share of a user's voids (why infra/config.py still pins the scorer to one)."""
 
     def __init__(self, degrade_user: Callable[[str], bool]) -> None:
         self.degrade_user = degrade_user
@@ -114,7 +115,8 @@ class StormWatch:
 
 @dataclass
 class Held:
-    """A batch read and featurized, not yet scored and voided: retried as it is."""
+    """A batch read, not yet scored and voided: retried as it is. Its likes are featurized
+    once, at its first attempt (`pending` until then), and keep those rows through retries."""
 
     likes: list[tuple[events.LikeEvent, Sequence[float]]]
     positions: dict[tuple[str, int], int]  # next offset per partition, committed once done

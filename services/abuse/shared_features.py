@@ -25,10 +25,14 @@ numbers, so windows and `since_previous_s` are exact. What differs, on purpose:
   same.
 - Observing a like again changes nothing (its id is in the user's ZSET and the /24's: a
   retried batch, or a batch a rebalance hands to another replica, does not count twice). Its
-  pace answers as of its first observation (likes observed since with the same timestamp
-  aside); its counts of addresses, devices and users include what was observed since.
-- Keys expire instead of an LRU over `max_keys`: every key is PEXPIREd `HORIZON_S` (a /24's
-  minute of likes: 60 s) at each touch, by which time every entry it holds has left its window.
+  pace answers as of its first observation (likes observed since with the same or an earlier
+  timestamp aside); its counts of addresses, devices and users include what was observed since.
+- Keys expire instead of an LRU over `max_keys`: every key is PEXPIREd `HORIZON_S` at each
+  touch (the /24's minute of likes too: a batch held through an outage comes back with likes
+  older than the wall clock, and its window is event time), by which time, for a scorer that
+  keeps up with the log, every entry it holds has left its window.
+- A stored member that does not parse (none is written so) is skipped by the eviction, never
+  a script error that would hold every batch.
 
 Memory (idem-store), measured: 152 B of dataset memory per like of generator traffic
 (tests/integration/test_shared_features.py prints it with -s: 4,676 likes, 1,919 keys). The
@@ -71,7 +75,7 @@ WINDOW_SUBNET_S = 60.0  # a /24's likes of the last minute
 #     -> {ts, previous ts or '', likes 10 s, 60 s, hour, n /24, sum c ln c /24,
 #         n addresses, sum c ln c addresses, devices}
 #   seen (1 key: users ZSET; a /24: 2 keys, + its likes ZSET)
-#     ARGV ts, user, like id, horizon, max users, cap, ttl_ms, window_ms, window_s
+#     ARGV ts, user, like id, horizon, max users, cap, ttl_ms, window_s
 #     -> {users, likes in the window (or -1)}
 _SCRIPT = r"""
 local function fmt(x) return string.format('%.17g', x) end
@@ -97,6 +101,7 @@ local function user_call()
   end
   local function forget(m)
     local _, i, s, d = string.match(m, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+    if not d then return end  -- not ours (never written so): nothing it could have counted
     if i ~= '' and s ~= '' then dec(ips, i); dec(subs, s) end
     if d ~= '' then dec(devs, d) end
   end
@@ -105,7 +110,7 @@ local function user_call()
     local old = redis.call('ZRANGEBYSCORE', likes, '-inf', expired)
     for _, m in ipairs(old) do forget(m) end
     if #old > 0 then redis.call('ZREMRANGEBYSCORE', likes, '-inf', expired) end
-    local over = redis.call('ZCARD', likes) - cap + 1
+    local over = keep and (redis.call('ZCARD', likes) - cap + 1) or 0
     if over > 0 then
       for _, m in ipairs(redis.call('ZRANGE', likes, 0, over - 1)) do forget(m) end
       redis.call('ZREMRANGEBYRANK', likes, 0, over - 1)
@@ -147,7 +152,7 @@ end
 local function seen_call()
   local users, user, id = KEYS[1], ARGV[2], ARGV[3]
   local horizon, max_users, cap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-  local ttl, window_ms, window = ARGV[7], ARGV[8], tonumber(ARGV[9])
+  local ttl, window = ARGV[7], tonumber(ARGV[8])
   local own = ARGV[1]
   local tss = own
   local again = KEYS[2] and redis.call('ZSCORE', KEYS[2], id)
@@ -171,7 +176,7 @@ local function seen_call()
       redis.call('ZADD', likes, own, id)
     end
     recent = redis.call('ZCOUNT', likes, '(' .. fmt(ts - window), tss)
-    redis.call('PEXPIRE', likes, window_ms)
+    redis.call('PEXPIRE', likes, ttl)
   end
   return {redis.call('ZCARD', users), recent}
 end
@@ -181,7 +186,6 @@ return seen_call()
 """
 
 _TTL_MS = str(int(f.HORIZON_S * 1000))
-_WINDOW_MS = str(int(WINDOW_SUBNET_S * 1000))
 
 
 def like_id(o: f.Observation) -> str:
@@ -225,7 +229,7 @@ class SharedFeatures:
                 seen[j] = len(calls)
                 calls.append((keys.abuse_seen_keys(kind, self.prefix + value),
                               (ts, o.user_id, lid, f.HORIZON_S, f.MAX_USERS, f.MAX_EVENTS,
-                               _TTL_MS, _WINDOW_MS, WINDOW_SUBNET_S)))  # fmt: skip
+                               _TTL_MS, WINDOW_SUBNET_S)))  # fmt: skip
             where.append((seen[0], seen[1], seen[2]))
         try:
             out = clients.eval_per_node(self.rc, _SCRIPT, calls)

@@ -764,7 +764,8 @@ class Aggregator:
         try:
             with metrics.HOT_POOL_COPY_SECONDS.time():
                 copied = mirror.copy_many(copies)
-        except Exception as e:  # copy_many counts a failed pool itself; anything else: logged
+        except Exception as e:  # copy_many counts a failed pool itself; anything else here too
+            metrics.HOT_POOL_COPIES.labels("failed").inc(len(copies))
             log.warning("hot-pool copies failed", extra={"fields": {"error": str(e)}})
             return
         for result, n in copied.items():

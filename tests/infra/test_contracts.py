@@ -59,6 +59,7 @@ from infra import services as infra_services
 from operators.hotkeys import handlers
 from operators.hotkeys.policy import InvalidPolicy, Policy
 from services.abuse import model_server
+from services.abuse import settings as abuse_settings
 from services.aggregator.settings import AggregatorSettings
 from services.common import worker_http
 from services.contracts import clients, etcd, events, registry, routes, tls, workloads
@@ -261,40 +262,46 @@ def test_the_abuse_scorer_dials_its_model_sidecar_which_reads_the_models_claim(
     assert mount.get("readOnly") is True  # the trainer publishes; a server only reads
 
 
-@pytest.mark.parametrize("stack", STACKS)
-def test_a_scorer_that_may_run_several_replicas_shares_its_features(
-    plans: dict[str, plan.Plan], build_settings: Callable[..., Settings], stack: str
-) -> None:
-    """likes.committed is keyed by post: two scorer replicas each read a share of every user's
-    likes, and in-process features would see half a bot's pace. A scorer that the HPA may scale
-    past one replica must read the shared feature store, rendered from its own settings class;
-    the PDB keeps one scoring through a drain."""
-    p, w = plans[stack], workloads.ABUSE_SCORER
-    hpa = named(p, "HorizontalPodAutoscaler", w.name).inputs["spec"]
-    assert hpa["scaleTargetRef"]["name"] == w.name
-    assert hpa["maxReplicas"] > 1 and hpa["minReplicas"] >= 2
-    scorer = build_settings(w, likes_env(container_of(p, w)))
-    assert scorer.abuse_feature_store == "shared"  # type: ignore[attr-defined]
-    assert w.settings_class().env_name("abuse_feature_store") in container_of(p, w).env
-    pdb = named(p, "PodDisruptionBudget", w.name).inputs["spec"]
-    assert pdb["selector"]["matchLabels"] == named(p, "Deployment", w.name).inputs["spec"][
-        "selector"]["matchLabels"]  # fmt: skip
-
-
-def test_a_scorer_pinned_to_one_replica_keeps_its_features_in_memory(
+def test_the_scorers_feature_store_follows_its_replica_bound(
     configs: dict[str, config.StackConfig],
 ) -> None:
-    """The setting follows the scale, both ways: one replica sees every like (memory is right
-    and cheaper); the program renders it from max_replicas, never from a second switch."""
-    cfg = configs["staging"]
-    one = config.ServiceScale(min_replicas=1, max_replicas=1, cpu="1", memory_mi=1024)
-    pinned = cfg.model_copy(
-        update={"services": cfg.services.model_copy(update={"abuse_scorer": one})}
-    )
+    """likes.committed is keyed by post: two scorer replicas each read a share of every user's
+    likes, and in-process features would see half a bot's pace. The program renders the store
+    from max_replicas, never from a second switch: a scorer pinned to one replica (every stack
+    today, infra/config.py says why) keeps its features in memory; one the HPA may scale past
+    one reads the shared store, through its own settings class's env name."""
     w = workloads.ABUSE_SCORER
     name = w.settings_class().env_name("abuse_feature_store")
-    assert program.workload_env(pinned, {}, [])[w.name][name] == "memory"
-    assert program.workload_env(cfg, {}, [])[w.name][name] == "shared"
+    for stack, cfg in configs.items():
+        scale = cfg.services.abuse_scorer
+        assert program.workload_env(cfg, {}, [])[w.name][name] == abuse_settings.feature_store_for(
+            scale.max_replicas
+        ), stack
+        several = cfg.model_copy(
+            update={
+                "services": cfg.services.model_copy(
+                    update={
+                        "abuse_scorer": scale.model_copy(
+                            update={"min_replicas": 2, "max_replicas": 4}
+                        )
+                    }
+                )
+            }
+        )
+        env = program.workload_env(several, {}, [])[w.name]
+        assert env[name] == "shared", stack
+        one = cfg.model_copy(
+            update={
+                "services": cfg.services.model_copy(
+                    update={
+                        "abuse_scorer": scale.model_copy(
+                            update={"min_replicas": 1, "max_replicas": 1}
+                        )
+                    }
+                )
+            }
+        )
+        assert program.workload_env(one, {}, [])[w.name][name] == "memory", stack
 
 
 def _cli_command(argv: list[str]) -> tuple[Callable[..., Any], dict[str, Any]]:

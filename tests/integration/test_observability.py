@@ -247,31 +247,34 @@ def test_a_write_burn_page_holds_back_outbox_shards_unowned_in_its_own_region_on
     holds back its target in the same region (suppressed, inhibited by the source), not the
     target of another region, and a ticket-severity source holds back nothing."""
     am = f"http://{stack.host}:{stack.layout.ports.alertmanager}/api/v2/alerts"
-    tag = uuid.uuid4().hex[:8]
     start = datetime.now(UTC)
+    later = start + timedelta(minutes=10)
 
-    def alert(name: str, region: str, severity: str, until: datetime) -> dict[str, Any]:
+    def alert(name: str, region: str, severity: str, tag: str) -> dict[str, Any]:
         return {
             "labels": {"alertname": name, "region": region, "severity": severity, "test": tag},
             "startsAt": start.isoformat(),
-            "endsAt": until.isoformat(),
+            "endsAt": later.isoformat(),
         }
 
-    here, there, quiet = f"r-{tag}", f"other-{tag}", f"ticket-{tag}"
-    later = start + timedelta(minutes=10)
     assert alert_rules.INHIBITIONS
     for inh in alert_rules.INHIBITIONS:
+        tag = uuid.uuid4().hex[:8]  # one per inhibition: each round sees only its own alerts
+        here, there, quiet = f"r-{tag}", f"other-{tag}", f"ticket-{tag}"
+        page, ticket = alert_rules.SEVERITY_PAGE, alert_rules.SEVERITY_TICKET
         sent = [
-            alert(inh.source, here, alert_rules.SEVERITY_PAGE, later),
-            alert(inh.target, here, alert_rules.SEVERITY_PAGE, later),
-            alert(inh.target, there, alert_rules.SEVERITY_PAGE, later),
-            alert(inh.source, quiet, alert_rules.SEVERITY_TICKET, later),
-            alert(inh.target, quiet, alert_rules.SEVERITY_PAGE, later),
+            alert(inh.source, here, page, tag),
+            alert(inh.target, here, page, tag),
+            alert(inh.target, there, page, tag),
+            alert(inh.source, quiet, ticket, tag),
+            alert(inh.target, quiet, page, tag),
         ]
         httpx.post(am, json=sent, timeout=10).raise_for_status()
         try:
 
-            def states(target: str = inh.target) -> dict[tuple[str, str], dict[str, Any]] | None:
+            def states(
+                target: str = inh.target, tag: str = tag, here: str = here
+            ) -> dict[tuple[str, str], dict[str, Any]] | None:
                 got = httpx.get(am, params={"filter": f'test="{tag}"'}, timeout=10).json()
                 by = {(a["labels"]["alertname"], a["labels"]["region"]): a for a in got}
                 held = len(by) == 5 and by[(target, here)]["status"]["state"] == "suppressed"
