@@ -272,36 +272,23 @@ def test_the_scorers_feature_store_follows_its_replica_bound(
     one reads the shared store, through its own settings class's env name."""
     w = workloads.ABUSE_SCORER
     name = w.settings_class().env_name("abuse_feature_store")
+
+    def rendered(cfg: config.StackConfig, lo: int, hi: int) -> str:
+        scale = cfg.services.abuse_scorer.model_copy(
+            update={"min_replicas": lo, "max_replicas": hi}
+        )
+        services = cfg.services.model_copy(update={"abuse_scorer": scale})
+        return program.workload_env(cfg.model_copy(update={"services": services}), {}, [])[w.name][
+            name
+        ]
+
     for stack, cfg in configs.items():
         scale = cfg.services.abuse_scorer
         assert program.workload_env(cfg, {}, [])[w.name][name] == abuse_settings.feature_store_for(
             scale.max_replicas
         ), stack
-        several = cfg.model_copy(
-            update={
-                "services": cfg.services.model_copy(
-                    update={
-                        "abuse_scorer": scale.model_copy(
-                            update={"min_replicas": 2, "max_replicas": 4}
-                        )
-                    }
-                )
-            }
-        )
-        env = program.workload_env(several, {}, [])[w.name]
-        assert env[name] == "shared", stack
-        one = cfg.model_copy(
-            update={
-                "services": cfg.services.model_copy(
-                    update={
-                        "abuse_scorer": scale.model_copy(
-                            update={"min_replicas": 1, "max_replicas": 1}
-                        )
-                    }
-                )
-            }
-        )
-        assert program.workload_env(one, {}, [])[w.name][name] == "memory", stack
+        assert rendered(cfg, 2, 4) == "shared", stack
+        assert rendered(cfg, 1, 1) == "memory", stack
 
 
 def _cli_command(argv: list[str]) -> tuple[Callable[..., Any], dict[str, Any]]:
