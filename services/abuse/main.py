@@ -15,7 +15,7 @@ from services.abuse.scorer import Scorer, StormWatch
 from services.abuse.settings import ScorerSettings
 from services.abuse.shared_features import SharedFeatures
 from services.abuse.voids import Voider
-from services.contracts import clients, degrade
+from services.contracts import clients
 from services.write.core import Publisher
 
 
@@ -66,7 +66,7 @@ def build(s: ScorerSettings, **consumer_overrides: Any) -> Built:
         ),
         model=model,
         voider=voider,
-        storms=StormWatch(lambda user: degrade.degrade(idem, user)),
+        storms=StormWatch(idem),
     )
 
     def close() -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,14 +42,14 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.serialization import MessageField, SerializationContext
+from redis.cluster import RedisCluster
 
 from services.abuse import features, metrics
 from services.abuse.model_server import ModelUnavailable, Verdicts
 from services.abuse.settings import ScorerSettings
 from services.abuse.shared_features import FeatureStoreUnavailable
 from services.common.worker_http import LoopHealth
-from services.contracts import degrade, events
-from services.contracts.clients import REDIS_ERRORS
+from services.contracts import clients, degrade, events, keys
 from services.write.core import Unavailable
 
 log = logging.getLogger("abuse.scorer")
@@ -85,32 +84,59 @@ class VoidWriter(Protocol):
     ) -> Sequence[Any]: ...
 
 
+class Storms(Protocol):
+    """StormWatch (a test may record the voids instead)."""
+
+    def voided_many(self, voids: Sequence[tuple[str, str, float]]) -> Sequence[bool]: ...
+
+
+# KEYS: the user's storm set, their degraded key; ARGV: the like's id, its time (s), window (s),
+# storm voids, degraded TTL (s), set TTL (ms). 1: degraded the user just now.
+_STORM = r"""
+redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
+local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]
+local horizon = tonumber(newest) - tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%.17g', horizon))
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[4]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  return 0
+end
+redis.call('DEL', KEYS[1])
+if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[5]) then return 1 end
+return 0
+"""
+
+
 class StormWatch:
     """Who is storming: a user whose likes were voided `degrade.STORM_VOIDS` times within
     `degrade.STORM_WINDOW_S` (by the likes' own time, so a replay finds the same storms) is
-    degraded once (services/contracts/degrade.py). Memory: the void times of users voided in
-    the last window only. This process's own, unlike the features: with several replicas each
-    would see a share of a user's voids (why infra/config.py still pins the scorer to one)."""
+    degraded once (services/contracts/degrade.py).
 
-    def __init__(self, degrade_user: Callable[[str], bool]) -> None:
-        self.degrade_user = degrade_user
-        self.recent: dict[str, deque[float]] = {}
-        self._newest = 0.0
+    The count lives in the idem-store beside the degraded key (keys.storm_key, the user's slot),
+    not in the process: likes.committed is keyed by post, so each replica voids a share of a
+    user's likes, and with per-process counts a bot would need N times the voids on N. One
+    script per void, atomic on the user's node: it adds the like's id (a like voided again, by a
+    retried batch or the replica a rebalance handed it to, counts once), drops the ids older
+    than the window before the newest, and at STORM_VOIDS deletes the set (degraded for
+    DEGRADED_TTL_S: the count starts afresh after) and sets the degraded key unless it is set.
+    Memory: under STORM_VOIDS ids a user, and a set expires a window after its last void (a
+    scorer held longer than that by an outage forgets those few voids: the storm's next ones
+    make them up)."""
 
-    def voided(self, user_id: str, at_s: float) -> bool:
-        """Record a void; True when it degraded the user (just now)."""
-        self._newest = max(self._newest, at_s)
-        times = self.recent.setdefault(user_id, deque())
-        times.append(at_s)
-        horizon = self._newest - degrade.STORM_WINDOW_S
-        while times and times[0] < horizon:
-            times.popleft()
-        if len(self.recent) > 10_000:  # prune users whose voids all left the window
-            self.recent = {u: t for u, t in self.recent.items() if t and t[-1] >= horizon}
-        if len(times) < degrade.STORM_VOIDS:
-            return False
-        del self.recent[user_id]  # degraded for DEGRADED_TTL_S: count afresh after
-        return self.degrade_user(user_id)
+    def __init__(self, rc: RedisCluster) -> None:
+        self.rc = rc
+
+    def voided_many(self, voids: Sequence[tuple[str, str, float]]) -> list[bool]:
+        """Count voids (user, the like's intent, its time in epoch seconds) in order, pipelined per
+        node; for each, True when it degraded its user just now. Raises REDIS_ERRORS (counting
+        the same voids again is safe)."""
+        args = (degrade.STORM_WINDOW_S, degrade.STORM_VOIDS, degrade.DEGRADED_TTL_S,
+                int(degrade.STORM_WINDOW_S * 1000))  # fmt: skip
+        calls = [
+            ((keys.storm_key(user), keys.degraded_key(user)), (like_id, repr(at_s), *args))
+            for user, like_id, at_s in voids
+        ]
+        return [bool(r) for r in clients.eval_per_node(self.rc, _STORM, calls)]
 
 
 @dataclass
@@ -133,7 +159,7 @@ class Scorer:
         features: FeatureState,
         model: Model,
         voider: VoidWriter,
-        storms: StormWatch | None = None,
+        storms: Storms | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.s = settings
@@ -270,7 +296,7 @@ class Scorer:
         # bot's likes come in bursts, so concurrent voids of one user would contend in Paxos;
         # the voider puts a user's voids in conditional batches, one Paxos round for several
         # (services/abuse/voids.Voider.void_many). Every void is waited for before a failure is
-        # raised, so the storm watch sees each one that applied.
+        # raised, so the storm watch sees each one that is done.
         def void_each(indices: list[int]) -> list[Any]:
             likes = [(flagged[i][0], flagged[i][2]) for i in indices]
             try:
@@ -287,11 +313,16 @@ class Scorer:
             for i, r in zip(ix, fut.result(), strict=True):
                 results[i] = r
         failed: Unavailable | ModelUnavailable | None = None
+        done: list[events.LikeEvent] = []
         for (e, row, p), result in zip(flagged, results, strict=True):
             if isinstance(result, Unavailable | ModelUnavailable):
                 failed = failed or result
                 continue
             metrics.VOIDS.labels(result.reason).inc()
+            # a replayed void (this batch held, or handed over by a rebalance, after it applied)
+            # counts for the storm too: the count may have missed it, and counts each like once
+            if result.done:
+                done.append(e)
             if not result.applied:
                 continue
             # the answer to "why did my like vanish?", with its evidence
@@ -300,15 +331,19 @@ class Scorer:
                 "user_id": e.user_id, "post_id": e.post_id, "intent": e.intent_uuid,
                 "score": round(p, 4), "model": verdicts.version,
                 "features": evidence}})  # fmt: skip
-            if self.storms is None:
-                continue
+        if self.storms is not None and done:
             try:
-                if self.storms.voided(e.user_id, e.occurred_at / 1000):
-                    metrics.DEGRADED.inc()
-                    log.warning("account degraded: a storm of voided likes",
-                                extra={"fields": {"user_id": e.user_id}})  # fmt: skip
-            except REDIS_ERRORS as exc:  # the voids stand; the storm is seen again
+                degraded = self.storms.voided_many(
+                    [(e.user_id, e.intent_uuid, e.occurred_at / 1000) for e in done]
+                )
+            except clients.REDIS_ERRORS as exc:  # the voids stand; the retry counts them again
                 failed = failed or Unavailable("idem-store", str(exc))
+            else:
+                for e, now in zip(done, degraded, strict=True):
+                    if now:
+                        metrics.DEGRADED.inc()
+                        log.warning("account degraded: a storm of voided likes",
+                                    extra={"fields": {"user_id": e.user_id}})  # fmt: skip
         if failed is not None:
             raise failed
         metrics.SCORED.inc(len(held.likes))

@@ -1,7 +1,8 @@
 """Degraded accounts: the seed's "storm of bot likes: rate-limiter degrades the user's account
 (1/min)". The abuse scorer degrades a user whose likes it voided `STORM_VOIDS` times within
-`STORM_WINDOW_S`; the write path then admits one like per `GATE_S` from them and answers the rest
-429 `degraded_account` with Retry-After, before anything is written. Unlikes stay free.
+`STORM_WINDOW_S` (counted beside this list, services/abuse/scorer.StormWatch); the write path then
+admits one like per `GATE_S` from them and answers the rest 429 `degraded_account` with Retry-After,
+before anything is written. Unlikes stay free.
 
 Where the list lives: the idem-store (Redis Cluster, noeviction), the store the write path already
 reads before every like and fails closed on. Not etcd: etcd is for small, rarely written
@@ -42,7 +43,8 @@ def admit(rc: Any, user_id: str) -> int:
 
 
 def degrade(rc: Any, user_id: str, ttl_s: int = DEGRADED_TTL_S) -> bool:
-    """Degrade `user_id` for `ttl_s`; True if they were not degraded already."""
+    """Degrade `user_id` for `ttl_s`; True if they were not degraded already. The scorer's
+    storm script sets the same key, as it counts the user's voids (scorer.StormWatch)."""
     return bool(rc.set(keys.degraded_key(user_id), "1", ex=ttl_s, nx=True))
 
 

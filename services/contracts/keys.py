@@ -73,6 +73,12 @@ def gate_key(user_id: str) -> str:
     return f"abuse:gate:{{{user_id}}}"
 
 
+def storm_key(user_id: str) -> str:
+    """In the idem-store, the same slot as degraded_key: the user's voided likes of the last
+    storm window (ZSET, services/abuse/scorer.StormWatch), so one script counts and degrades."""
+    return f"abuse:storm:{{{user_id}}}"
+
+
 # In the idem-store: the abuse scorer's shared feature state (services/abuse/shared_features.py).
 # One hash tag per thing a feature is keyed by, so the keys one script call touches share a slot.
 def abuse_user_keys(user_id: str) -> list[str]:

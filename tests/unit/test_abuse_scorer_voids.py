@@ -1,33 +1,28 @@
 """How the scorer writes a batch's voids (services/abuse/scorer.Scorer._score_and_void): users'
 at once, each user's in order, and a failure of one holds the batch only after every other void
-was waited for and the storm watch saw each one that applied. The voids themselves, on the real
-edge-store, are tests/integration/test_voids.py's and test_abuse.py's; here the writer only
-records its calls."""
+was waited for and the storm watch saw each one that is done. The voids themselves, on the real
+edge-store, are tests/integration/test_voids.py's and test_abuse.py's, the storm watch's count
+tests/integration/test_abuse_storms.py's; here the writer and the watch only record their
+calls."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from services.abuse import features
 from services.abuse.model_server import Verdicts
-from services.abuse.scorer import Held, Scorer, StormWatch
+from services.abuse.scorer import Held, Scorer
 from services.abuse.settings import ScorerSettings
+from services.abuse.voids import Result
 from services.contracts import degrade, events
 from services.write.core import Unavailable
 
 THRESHOLD = 0.5
-
-
-@dataclass
-class Result:
-    applied: bool
-    reason: str
 
 
 class FixedModel:
@@ -56,6 +51,17 @@ class PerLike:
         return out
 
 
+class Storms:
+    """Records the voids the scorer counts for storms."""
+
+    def __init__(self) -> None:
+        self.voids: list[tuple[str, str, float]] = []
+
+    def voided_many(self, voids: Sequence[tuple[str, str, float]]) -> list[bool]:
+        self.voids += voids
+        return [False] * len(voids)
+
+
 def like(user: str) -> events.LikeEvent:
     return events.LikeEvent.new(
         intent_uuid=str(uuid.uuid4()), user_id=user, post_id=f"p-{uuid.uuid4().hex[:6]}",
@@ -68,7 +74,7 @@ def batch(scores: list[tuple[str, float]]) -> Held:
     return Held([(like(u), [p] + [0.0] * (width - 1)) for u, p in scores], {("t", 0): 1})
 
 
-def scorer(voider: Any, storms: StormWatch | None = None) -> Scorer:
+def scorer(voider: Any, storms: Storms | None = None) -> Scorer:
     return Scorer(
         ScorerSettings(abuse_void_concurrency=8), consumer=None, deserialize=lambda *_: None,  # type: ignore[arg-type]
         features=None, model=FixedModel(), voider=voider, storms=storms,  # type: ignore[arg-type]
@@ -119,8 +125,7 @@ def test_one_users_voids_are_written_in_one_call_in_order() -> None:
 
 
 def test_one_failed_void_holds_the_batch_after_the_others_reach_the_storm_watch() -> None:
-    degraded: list[str] = []
-    storms = StormWatch(lambda u: degraded.append(u) is None)
+    storms = Storms()
     n = degrade.STORM_VOIDS
 
     class Voider(PerLike):
@@ -132,4 +137,24 @@ def test_one_failed_void_holds_the_batch_after_the_others_reach_the_storm_watch(
     held = batch([("unlucky", 0.9)] + [("bot", 0.9)] * n)
     with pytest.raises(Unavailable):
         scorer(Voider(), storms)._score_and_void(held)
-    assert degraded == ["bot"]  # all n of the bot's voids were counted before the batch was held
+    # all n of the bot's voids were counted before the batch was held
+    assert [u for u, _, _ in storms.voids] == ["bot"] * n
+
+
+def test_a_replayed_void_reaches_the_storm_watch_and_a_void_not_done_does_not() -> None:
+    """A batch held (or handed over by a rebalance) after its voids applied finds them replayed:
+    the storm watch may have missed them (it failed, or the process died), and it counts each
+    like once, so they go to it again. A like voided by another model's void, taken back or
+    superseded was not voided by this void: it is not counted."""
+    storms = Storms()
+    answers = {"bot": "voided", "again": "replayed", "other": "already-void", "gone": "not-liked"}
+
+    class Voider(PerLike):
+        def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
+            reason = answers[e.user_id]
+            return Result(reason == "voided", reason)
+
+    held = batch([(u, 0.9) for u in answers])
+    scorer(Voider(), storms)._score_and_void(held)
+    ids = {e.user_id: (e.user_id, e.intent_uuid, e.occurred_at / 1000) for e, _ in held.likes}
+    assert storms.voids == [ids["bot"], ids["again"]]
