@@ -15,7 +15,9 @@ own process on the same machine, the same stack:
      prepared statement, the same login), and
   4. a second read service whose count-cache is down (a dead address),
 and drives each with the same load generator, also a separate process (a minimal keep-alive
-HTTP/1.1 client, so the client is not the bottleneck), at a fixed concurrency:
+HTTP/1.1 client, so the client is not the bottleneck), at a fixed concurrency, every request
+carrying the traceparent the gateway would put on it (`gateway_traceparent`; `--traceparent
+none` sends none, and the service then traces every request):
   a. anonymous GET /v1/posts/{id}/likes (the CDN-miss shape)       vs one Redis GET,
   b. authenticated GET (JWT, the user's Bloom filter says "no")      vs one Redis GET (no goal),
   c. POST /v1/posts/likes:batch with 50 ids (per request)           vs one MGET of 50 keys,
@@ -278,16 +280,37 @@ def run_load(
     return result
 
 
-def get(path: str, headers: dict[str, str] | None = None) -> bytes:
-    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+def gateway_traceparent() -> str:
+    """The traceparent the gateway puts on a read it routes: Envoy's own head-sampling decision,
+    sampled for otel_config.READ_TRACE_PERCENT of reads (infra/envoy_config.py), a new trace id
+    each. Every read reaches a read pod through the gateway, so a benchmark that calls the
+    service directly sends what the gateway would: without it the service starts and exports a
+    trace for every request, a cost (~100 us of CPU a read, bench/cpu_read.py --traceparent
+    none) no production read pays."""
+    from infra import otel_config
+
+    sampled = random.random() * 100 < otel_config.READ_TRACE_PERCENT
+    parent = f"00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}-"
+    return parent + ("01" if sampled else "00")
+
+
+def _trace(headers: dict[str, str] | None, traced: bool) -> dict[str, str]:
+    return {**(headers or {}), **({"traceparent": gateway_traceparent()} if traced else {})}
+
+
+def get(path: str, headers: dict[str, str] | None = None, *, traced: bool = True) -> bytes:
+    """One request's bytes, with the gateway's traceparent unless `traced` is False (the
+    baselines ignore it: the same bytes reach both)."""
+    extra = "".join(f"{k}: {v}\r\n" for k, v in _trace(headers, traced).items())
     return f"GET {path} HTTP/1.1\r\nHost: bench\r\n{extra}\r\n".encode()
 
 
-def post_json(path: str, body: dict[str, Any]) -> bytes:
+def post_json(path: str, body: dict[str, Any], *, traced: bool = True) -> bytes:
     raw = json.dumps(body).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in _trace(None, traced).items())
     head = (
         f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(raw)}\r\n\r\n"
+        f"{extra}Content-Length: {len(raw)}\r\n\r\n"
     )
     return head.encode() + raw
 
@@ -384,6 +407,13 @@ def main() -> None:
         default=18480,
         help="baseline port; the service's is +1, the SUM baseline's +2, the degraded service's +3",
     )
+    ap.add_argument(
+        "--traceparent",
+        choices=("gateway", "none"),
+        default="gateway",
+        help="gateway: each request carries the traceparent the gateway sends (sampled for "
+        "READ_TRACE_PERCENT of reads); none: no traceparent, so the service traces every request",
+    )
     ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.loadgen:
@@ -444,31 +474,27 @@ def main() -> None:
     dead = socket.socket()  # a port bound and never listened on: the count-cache "down"
     dead.bind(("127.0.0.1", 0))
     degraded_env = {**env, "LIKES_COUNT_CACHE_NODES": f"127.0.0.1:{dead.getsockname()[1]}"}
+    traced = args.traceparent == "gateway"
     batches = [
-        post_json("/v1/posts/likes:batch", {"post_ids": random.sample(post_ids, 50)})
+        post_json("/v1/posts/likes:batch", {"post_ids": random.sample(post_ids, 50)}, traced=traced)
         for _ in range(200)
     ]
+    # one set of bytes for a service and its baseline (the baselines ignore the traceparent)
+    gets = [get(f"/v1/posts/{p}/likes", traced=traced) for p in post_ids]
+    bearer = {"Authorization": f"Bearer {token}"}
     # each service scenario right after its baseline
     scenarios: list[tuple[str, int, list[bytes]]] = [
-        ("baseline: one Redis GET", base_port, [get(f"/v1/posts/{p}/likes") for p in post_ids]),
-        ("read: anonymous GET", read_port, [get(f"/v1/posts/{p}/likes") for p in post_ids]),
+        ("baseline: one Redis GET", base_port, gets),
+        ("read: anonymous GET", read_port, gets),
         (
             "read: authenticated GET",
             read_port,
-            [get(f"/v1/posts/{p}/likes", {"Authorization": f"Bearer {token}"}) for p in post_ids],
+            [get(f"/v1/posts/{p}/likes", bearer, traced=traced) for p in post_ids],
         ),
         ("baseline: one MGET of 50", base_port, batches),
         ("read: batch of 50 (per request)", read_port, batches),
-        (
-            "baseline: one counter-store SUM",
-            sum_port,
-            [get(f"/v1/posts/{p}/likes") for p in post_ids],
-        ),
-        (
-            "read: degraded (count-cache down)",
-            degraded_port,
-            [get(f"/v1/posts/{p}/likes") for p in post_ids],
-        ),
+        ("baseline: one counter-store SUM", sum_port, gets),
+        ("read: degraded (count-cache down)", degraded_port, gets),
     ]
     # each service scenario against its own baseline (issue 10's table)
     baseline_of = {

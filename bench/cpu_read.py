@@ -137,7 +137,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from redis.cluster import ClusterNode, RedisCluster
 
     from bench import bench_read
-    from infra import otel_config
     from local import layout, transforms
     from services.contracts import bloom, keys, workloads
     from services.contracts.settings import Settings
@@ -184,9 +183,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             """The headers plus the gateway's traceparent (the baseline ignores it)."""
             if args.traceparent == "none":
                 return headers
-            sampled = random.random() * 100 < otel_config.READ_TRACE_PERCENT
-            parent = f"00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}-"
-            return [*headers, (b"traceparent", (parent + ("01" if sampled else "00")).encode())]
+            return [*headers, (b"traceparent", bench_read.gateway_traceparent().encode())]
 
         def get(target: Any, headers: list[tuple[bytes, bytes]]) -> Any:
             async def one() -> bool:
