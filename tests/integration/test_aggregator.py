@@ -831,6 +831,57 @@ def test_a_write_that_landed_although_its_flush_failed_is_not_written_over(
     assert agg_count(rc, post) == 4
 
 
+def test_a_cold_window_reads_each_post_once_and_rereads_only_when_that_read_failed(
+    settings: AggregatorSettings, session: Session, rc: RedisCluster
+) -> None:
+    """The first window after a start or a rebalance has no cached cell: its cells' states come
+    from the flush's one read of the window's posts (the read its aggregates need too), not
+    from a second read of the same rows. When that read fails, the cells are read again and
+    the window is exact all the same. The posts' cells were written by a previous owner (they
+    are in the store, not in this aggregator's cache), so a window folded onto an empty state
+    instead of the store's would show as a wrong count."""
+    from services.aggregator.core import Window
+
+    base = 10**12  # far above what the partition holds: the windows are built by hand
+    agg, cluster = build(settings)
+    real_read = agg.store.read_posts
+    reads: list[list[str]] = []
+    fail_next = [False]
+
+    def read_posts(post_ids: Sequence[str]) -> Any:
+        reads.append(list(post_ids))
+        if fail_next[0]:
+            fail_next[0] = False
+            raise TimeoutError("the flush's read timed out (test)")
+        return real_read(post_ids)
+
+    agg.store.read_posts = read_posts  # type: ignore[method-assign]
+    try:
+        for attempt, fail in enumerate((False, True)):
+            posts = [f"post-{uuid.uuid4()}" for _ in range(3)]
+            region = cell_region("eu", events.COMMITTED, 0)
+            cells_of = {p: CellKey(p, region, 0) for p in posts}
+            agg.store.write_cells({p: [(c, CellState.empty(), CellState(5, base, {"like": 5}))]
+                                   for p, c in cells_of.items()})  # fmt: skip
+            w = Window(window_id=attempt)
+            for i, c in enumerate(cells_of.values()):
+                for k in range(i + 1):  # 1, 2 and 3 new likes above the previous owner's 5
+                    w.add((events.COMMITTED, 0), base + 1 + k, c, 1, "like")
+            reads.clear()
+            fail_next[0] = fail
+            agg._flush(w)
+            if not fail:
+                assert reads == [posts], f"a cold window read its posts {len(reads)} times"
+            else:  # the failed read, the cells' read, then the aggregates' read
+                assert [sorted(r) for r in reads] == [sorted(posts)] * 3, reads
+            for i, p in enumerate(posts):
+                assert cells(session, p)[(region, 0)][:2] == (6 + i, base + 1 + i), p
+                assert agg_count(rc, p) == 6 + i, p
+    finally:
+        agg.consumer.close()
+        cluster.shutdown()
+
+
 def test_cdn_purge_is_recorded_for_each_changed_post(
     settings: AggregatorSettings, producer: Producer, serialize: Any, rc: RedisCluster
 ) -> None:
