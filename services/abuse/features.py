@@ -41,6 +41,11 @@ from typing import Generic, TypeVar
 from services.contracts import events
 
 HORIZON_S = 3600.0  # the longest window; nothing older is kept
+# the user's pace (likes_10s, likes_60s) and a /24's likes (subnet_likes_60s): the in-memory and
+# the shared store (services/abuse/shared_features.py, its script's arguments) both read these
+PACE_SHORT_S = 10.0
+PACE_MINUTE_S = 60.0
+SUBNET_WINDOW_S = 60.0
 MAX_EVENTS = 2048  # likes kept per user, and like times per /24
 MAX_USERS = 1024  # users kept per /24, address or device
 MAX_KEYS = 2_000_000  # keys per table (users, /24s, addresses, devices)
@@ -165,7 +170,7 @@ class _User:
 
     def add(self, ts: float, ip: str | None, sub: str | None, dev: str | None) -> float:
         """Record a like; the seconds since the previous one within the horizon."""
-        for window, span in ((self.w10, 10.0), (self.w60, 60.0)):
+        for window, span in ((self.w10, PACE_SHORT_S), (self.w60, PACE_MINUTE_S)):
             while window and window[0] <= ts - span:
                 window.popleft()
             window.append(ts)
@@ -193,7 +198,7 @@ class _Seen:
 
     def __init__(self) -> None:
         self.users: OrderedDict[str, float] = OrderedDict()  # user -> last seen, oldest first
-        self.times: deque[float] = deque()  # like times within 60 s
+        self.times: deque[float] = deque()  # like times within SUBNET_WINDOW_S
         self.last = -math.inf
 
     def add(self, ts: float, user: str) -> None:
@@ -203,7 +208,7 @@ class _Seen:
         while users and (next(iter(users.values())) <= ts - HORIZON_S or len(users) > MAX_USERS):
             users.popitem(last=False)
         times = self.times
-        while times and (times[0] <= ts - 60.0 or len(times) >= MAX_EVENTS):
+        while times and (times[0] <= ts - SUBNET_WINDOW_S or len(times) >= MAX_EVENTS):
             times.popleft()
         times.append(ts)
         self.last = ts

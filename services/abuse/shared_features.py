@@ -66,13 +66,12 @@ class FeatureStoreUnavailable(Exception):
     caller holds the batch and retries it, which is safe (observing again changes nothing)."""
 
 
-WINDOW_SUBNET_S = 60.0  # a /24's likes of the last minute
-
 # One script, two kinds of call, told apart by their key count: one pipeline per node carries a
 # batch's calls of every kind.
 #   user (4 keys: likes ZSET, /24s, addresses, devices HASHes)
-#     ARGV ts, member "id|ip|/24|device", ip, /24, device ('' = none), horizon, cap, ttl_ms
-#     -> {ts, previous ts or '', likes 10 s, 60 s, hour, n /24, sum c ln c /24,
+#     ARGV ts, member "id|ip|/24|device", ip, /24, device ('' = none), horizon, cap, ttl_ms,
+#          pace windows short, minute (s)
+#     -> {ts, previous ts or '', likes short, minute, hour, n /24, sum c ln c /24,
 #         n addresses, sum c ln c addresses, devices}
 #   seen (1 key: users ZSET; a /24: 2 keys, + its likes ZSET)
 #     ARGV ts, user, like id, horizon, max users, cap, ttl_ms, window_s
@@ -84,6 +83,7 @@ local function user_call()
   local likes, subs, ips, devs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   local member, ip, sub, dev = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
   local horizon, cap, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+  local short, minute = tonumber(ARGV[9]), tonumber(ARGV[10])
   local own = redis.call('ZSCORE', likes, member)
   local new = not own
   own = own or ARGV[1]
@@ -143,8 +143,8 @@ local function user_call()
   local ndev = redis.call('HLEN', devs)
   for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ttl) end
   return {tss, prev,
-          redis.call('ZCOUNT', likes, '(' .. fmt(ts - 10), tss),
-          redis.call('ZCOUNT', likes, '(' .. fmt(ts - 60), tss),
+          redis.call('ZCOUNT', likes, '(' .. fmt(ts - short), tss),
+          redis.call('ZCOUNT', likes, '(' .. fmt(ts - minute), tss),
           redis.call('ZCOUNT', likes, '(' .. fmt(ts - horizon), tss),
           nsub, ssub, nip, sip, ndev}
 end
@@ -221,7 +221,7 @@ class SharedFeatures:
             member = f"{lid}|{ip or ''}|{sub or ''}|{dev or ''}"
             calls.append((keys.abuse_user_keys(self.prefix + o.user_id),
                           (ts, member, ip or "", sub or "", dev or "", f.HORIZON_S,
-                           f.MAX_EVENTS, _TTL_MS)))  # fmt: skip
+                           f.MAX_EVENTS, _TTL_MS, f.PACE_SHORT_S, f.PACE_MINUTE_S)))  # fmt: skip
             seen = [-1, -1, -1]
             for j, (kind, value) in enumerate((("sub", sub), ("ip", ip), ("dev", dev))):
                 if value is None or (kind != "dev" and ip is None):
@@ -229,7 +229,7 @@ class SharedFeatures:
                 seen[j] = len(calls)
                 calls.append((keys.abuse_seen_keys(kind, self.prefix + value),
                               (ts, o.user_id, lid, f.HORIZON_S, f.MAX_USERS, f.MAX_EVENTS,
-                               _TTL_MS, WINDOW_SUBNET_S)))  # fmt: skip
+                               _TTL_MS, f.SUBNET_WINDOW_S)))  # fmt: skip
             where.append((seen[0], seen[1], seen[2]))
         try:
             out = clients.eval_per_node(self.rc, _SCRIPT, calls)
