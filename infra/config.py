@@ -235,11 +235,13 @@ class ServicesConfig(_Model):
     # One per region, for now. likes.committed is keyed by post, so each replica reads a share of
     # every user's likes: with max_replicas > 1 the program renders the shared feature store (the
     # features' state in the idem-store, services/abuse/shared_features.py), which computes the
-    # rows one process would. Not lifted yet, for three reasons a second replica would hit:
-    # StormWatch's void counts are still per process (two replicas: a bot needs ~2x the voids to
-    # be degraded); the idem-store never evicts and fails the writes' dedup closed when full (the
-    # shared state is 152 B a like of the hour: prod-us's idem-store holds ~70 K likes/s of it);
-    # and the script's HVALS per like runs on the write path's dedup store.
+    # rows one process would, and the storm watch counts a user's voids in the idem-store
+    # whatever the process (services/abuse/scorer.StormWatch). Not lifted yet: the feature
+    # state's home. The idem-store never evicts and fails the writes' dedup closed when full, and
+    # the shared state is 152 B a like of the hour (prod-us's whole idem-store would hold ~70 K
+    # likes/s of it, under the seed's 93 K peak, with no room left for the idempotency keys it is
+    # sized for); and its script (an HVALS of the user's /24s and addresses per like) runs on the
+    # nodes the write path dedups every like on.
     abuse_scorer: ServiceScale = ServiceScale(
         min_replicas=1, max_replicas=1, cpu="1", memory_mi=1024
     )
