@@ -252,7 +252,7 @@ class ServicesConfig(_Model):
     # When the publishing job (`likes abuse train --gate`, infra/services.py) runs, in UTC.
     # Weekly, early Monday: the model learns from the repository's traffic generator, so a run
     # changes it only once the image has (new features, a scikit-learn whose pickles the servers
-    # refuse); after such a deploy, `kubectl create job --from=cronjob/abuse-model-publish`.
+    # refuse), and the program runs it once per image at deploy too (MODELS_PUBLISHER_AT_DEPLOY).
     abuse_model_publish_schedule: CronSchedule = "0 3 * * 1"
     # ~400 MiB at the default 4000 users; minutes on one core (OMP threads follow the limit)
     abuse_model_publish: ContainerSize = ContainerSize(cpu="1", memory_mi=1024)

@@ -200,6 +200,9 @@ def secret_env(name: str, secret: str, key: str) -> core.EnvVarArgs:
 
 # The digest of the credentials a setup Job applies, on its pod template (credentials_digest).
 CREDENTIALS_ANNOTATION = "likes.io/credentials-sha256"
+# The Kubernetes provider's annotation: create or update the object without waiting for it to
+# become ready (a Job: to complete)
+SKIP_AWAIT = "pulumi.com/skipAwait"
 
 
 def credentials_digest(values: Mapping[str, pulumi.Input[str]]) -> pulumi.Output[str]:

@@ -30,6 +30,11 @@ MODELS_SIZE = "5Gi"  # a version is ~1 MB (model.joblib + meta.json): room for t
 # (cli/main.py's app, by module like every container's command) with its gate, so a version below
 # the goals is saved but never made current; --json: one line its logs keep.
 MODELS_PUBLISHER = "abuse-model-publish"
+# The same run once per image, at deploy: a fresh stack has no model until the schedule's first
+# run (the scorer holds every like meanwhile), and a new image may bring features or a
+# scikit-learn whose pickles the model servers refuse. The Job's pod template carries the image,
+# and a Job's template cannot change: a new image replaces the Job, which trains again.
+MODELS_PUBLISHER_AT_DEPLOY = f"{MODELS_PUBLISHER}-at-deploy"
 PUBLISH_COMMAND = ("python", "-m", "cli.main", "abuse", "train", "--gate",
                    "--model-dir", workloads.MODELS_MOUNT, "--json")  # fmt: skip
 # cli/abuse.py's EXIT_REFUSED (below the goals; no threshold) and EXIT_ERROR (a bad option): the
@@ -270,6 +275,15 @@ class Services(pulumi.ComponentResource):
             security_context=kx.security(),
             volume_mounts=[kx.mount("tmp", "/tmp"), kx.mount("models", workloads.MODELS_MOUNT)],
         )
+        run = kx.setup_job_spec(
+            lbls,
+            container,
+            [kx.empty_dir("tmp"), _models_volume(read_only=False)],
+            backoff_limit=PUBLISH_RETRIES,
+            verdicts=PUBLISH_VERDICTS,
+            deadline_s=PUBLISH_DEADLINE_S,
+            node_class="services",  # minutes of CPU: not on the gateway's nodes
+        )
         k8s.batch.v1.CronJob(
             MODELS_PUBLISHER,
             metadata=kx.meta(MODELS_PUBLISHER, args.namespace, lbls),
@@ -280,19 +294,22 @@ class Services(pulumi.ComponentResource):
                 successful_jobs_history_limit=3,
                 failed_jobs_history_limit=3,  # a refusal's pod keeps its logs: which goal failed
                 job_template=k8s.batch.v1.JobTemplateSpecArgs(
-                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls),
-                    spec=kx.setup_job_spec(
-                        lbls,
-                        container,
-                        [kx.empty_dir("tmp"), _models_volume(read_only=False)],
-                        backoff_limit=PUBLISH_RETRIES,
-                        verdicts=PUBLISH_VERDICTS,
-                        deadline_s=PUBLISH_DEADLINE_S,
-                        node_class="services",  # minutes of CPU: not on the gateway's nodes
-                    ),
+                    metadata=kx.meta_v1.ObjectMetaArgs(labels=lbls), spec=run
                 ),
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[claim]),
+        )
+        k8s.batch.v1.Job(
+            MODELS_PUBLISHER_AT_DEPLOY,
+            # minutes of training: `pulumi up` does not wait for it (the scorer waits for the model)
+            metadata=kx.meta(
+                MODELS_PUBLISHER_AT_DEPLOY, args.namespace, lbls, {kx.SKIP_AWAIT: "true"}
+            ),
+            spec=run,
+            # a new image replaces the Job under the same name: the old one goes first
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[claim], delete_before_replace=True
+            ),
         )
 
 

@@ -423,8 +423,11 @@ def default_dir() -> Path:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    # a temporary of its own: two publishers (the deploy's Job and a scheduled run) may meet
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)  # as write_text left it: mkstemp's file is its owner's alone
     os.replace(tmp, path)
 
 

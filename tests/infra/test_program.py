@@ -400,6 +400,25 @@ def test_the_models_publisher_runs_on_its_schedule_alone_bounded_and_unprivilege
     assert env["OMP_NUM_THREADS"] == str(max(1, math.ceil(cores)))  # the limit, not the node
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_models_publisher_also_runs_once_per_image_at_deploy(
+    plans: dict[str, plan.Plan], stack: str
+) -> None:
+    """A fresh stack has no model until the schedule's first run, and a new image may need a
+    new one: a Job runs the CronJob's very run (the same spec, so every check of the CronJob's
+    holds for it) at deploy. Its pod template carries the image, so a new image is a new Job;
+    `pulumi up` does not wait minutes of training for it."""
+    p = plans[stack]
+    cron = named(p, "CronJob", services.MODELS_PUBLISHER).inputs
+    job = named(p, "Job", services.MODELS_PUBLISHER_AT_DEPLOY).inputs
+    assert job["spec"] == cron["spec"]["jobTemplate"]["spec"]
+    assert job["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
+    assert job["metadata"]["labels"] == cron["spec"]["jobTemplate"]["metadata"]["labels"]
+    deployment = named(p, "Deployment", workloads.ABUSE_SCORER.name).inputs
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
 def _services(*deployed: workloads.Workload) -> list[plan.Declared]:
     """What infra/services.py declares for these workloads alone (no stack deploys fewer)."""
     scale = config.ServiceScale(min_replicas=1, max_replicas=1)
@@ -431,6 +450,8 @@ def test_the_models_claim_and_its_publisher_come_with_the_abuse_scorer_only() ->
     without = kinds(_services(workloads.WRITE, workloads.AGGREGATOR))
     assert "Deployment" in without  # the build did declare the services
     assert "PersistentVolumeClaim" not in without and "CronJob" not in without
+    assert "Job" not in without
     with_scorer = kinds(_services(workloads.WRITE, workloads.ABUSE_SCORER))
     assert with_scorer["PersistentVolumeClaim"] == {services.MODELS_CLAIM}
     assert with_scorer["CronJob"] == {services.MODELS_PUBLISHER}
+    assert with_scorer["Job"] == {services.MODELS_PUBLISHER_AT_DEPLOY}
