@@ -232,12 +232,17 @@ class Traffic:
         if not loadgen.is_file():
             raise RuntimeError(f"no load generator at {loadgen}: a read spike runs from a clone")
         host, port = self.gateway_url.rsplit("//", 1)[1].rsplit(":", 1)
+        from bench import bench_read
+
+        # no traceparent of ours: the gateway puts its own on every read it routes
         requests = [
-            (f"GET {routes.read_path(post)} HTTP/1.1\r\nHost: gameday\r\n"
-             f"{routes.CLIENT_IP_HEADER}: 100.{64 + i // 64}.{i % 64}.{1 + i % 250}\r\n\r\n")
-            .encode().hex()
+            bench_read.get(
+                routes.read_path(post),
+                {routes.CLIENT_IP_HEADER: f"100.{64 + i // 64}.{i % 64}.{1 + i % 250}"},
+                traced=False,
+            ).hex()
             for i in range(256)
-        ]  # fmt: skip
+        ]
         spec = {"host": host, "port": int(port), "requests": requests, "concurrency": clients,
                 "duration": seconds, "warmup": 0.0}  # fmt: skip
         proc = subprocess.run([sys.executable, str(loadgen), "--loadgen"], input=json.dumps(spec),
