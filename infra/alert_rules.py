@@ -559,6 +559,18 @@ SKEW_FLOOR_OPS = 100
 SKEW_THRESHOLD = 2.0  # max over mean cannot pass the primaries count: 3 locally, 12 in prod
 REPLICATION_LAG_THRESHOLD_S = 10
 
+# The idem-store never evicts (keys.EVICTION_POLICY): a full node refuses every write to its
+# slots, and the write path fails a like closed (503) when it cannot record its idempotency key.
+IDEM_STORE_NEARLY_FULL = "IdemStoreNearlyFull"
+IDEM_STORE_SELECTOR = f'{WORKLOAD_LABEL}="idem-store"'
+# per idem-store node, its used memory over its maxmemory (a node without a limit, as the local
+# stack's, has no ratio)
+IDEM_STORE_MEMORY_RATIO = (
+    f"redis_memory_used_bytes{{{IDEM_STORE_SELECTOR}}}\n"
+    f"  / on (instance) (redis_memory_max_bytes{{{IDEM_STORE_SELECTOR}}} > 0)"
+)
+IDEM_STORE_FULL_RATIO = 0.85
+
 # the canary (services/canary/core.py): a turn is a like or unlike through the gateway, then the
 # count read for the convergence hold and judged against the edge-store's truth
 TRACE_EXPORT_FAILING = "TraceExportFailing"
@@ -638,7 +650,8 @@ def sli_rules() -> list[dict[str, Any]]:
 def sli_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     """Tickets: a skewed or lagging count-cache degrades reads (a saturated shard's reads fall
     through to the counter-store; a failover loses the lagged aggregates, which the aggregator's
-    next window rewrites from the cells), it loses no like."""
+    next window rewrites from the cells), it loses no like. A page: an idem-store node near its
+    maxmemory, before it refuses the likes of its slots."""
     return [
         {
             "alert": COUNT_CACHE_SKEW,
@@ -698,6 +711,22 @@ def sli_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
                     "reads of those posts fall through to the counter-store until it is back."
                 ),
                 **_runbook_annotations("count-cache-replication-lag", runbook_base),
+            },
+        },
+        {
+            "alert": IDEM_STORE_NEARLY_FULL,
+            "expr": f"max by (instance) ({IDEM_STORE_MEMORY_RATIO}) > {IDEM_STORE_FULL_RATIO:g}",
+            "for": "5m",
+            # a page before the outage: full, the node fails every like of its slots
+            "labels": {"severity": SEVERITY_PAGE, SERVICE_LABEL: "idem-store"},
+            "annotations": {
+                "summary": "An idem-store node has used over 85 % of its maxmemory for 5 minutes",
+                "description": (
+                    "{{ $labels.instance }} at {{ $value | humanizePercentage }}: it never "
+                    "evicts, so once full every like whose key hashes to its slots is refused "
+                    "(503) until keys expire or the cluster grows."
+                ),
+                **_runbook_annotations("idem-store-nearly-full", runbook_base),
             },
         },
         *_canary_alerts(runbook_base),

@@ -535,21 +535,28 @@ def test_independent_outages_fire_their_alerts_and_resolve(stack: Stack) -> None
     assert growth["labels"]["severity"] == alert_rules.SEVERITY_PAGE
 
 
-def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack: Stack) -> None:
-    """Four more independent faults at once: the relay hangs whole (SIGSTOP: no replica
-    reports its shard leases), the lag exporter stops (consumer lag unknown, not zero), a
-    count-cache replica is lost (its primary has none), and the canary's posts' counts in the
-    count-cache jump between 0 and a million (a stale writer, a failover to a lagging replica):
-    after its own like the canary reads a count below one it saw. Deleting those keys undoes
-    the last: the next read fills from the counter-store."""
-    relay = int(stack.status()[workloads.OUTBOX_RELAY.name]["pid"])
-    replica = None
-    for i, port in enumerate(stack.layout.ports.count_cache):
+def _a_replica(stack: Stack, ports: list[int]) -> tuple[int, redis.Redis]:
+    """A replica node of the Redis Cluster on `ports`: its index there and a client."""
+    for i, port in enumerate(ports):
         r = redis.Redis(host=stack.host, port=port, password=stack.redis_password)
         if r.info("replication")["role"] == "slave":
-            replica = f"count-cache-{i + 1}"
-            break
-    assert replica is not None, "the count-cache has no replica"
+            return i, r
+    raise AssertionError(f"no replica among {ports}")
+
+
+def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack: Stack) -> None:
+    """Five more independent faults at once: the relay hangs whole (SIGSTOP: no replica
+    reports its shard leases), the lag exporter stops (consumer lag unknown, not zero), a
+    count-cache replica is lost (its primary has none), the canary's posts' counts in the
+    count-cache jump between 0 and a million (a stale writer, a failover to a lagging replica):
+    after its own like the canary reads a count below one it saw, and an idem-store node is
+    given a maxmemory just above what it holds (the local stack sets none: the program's nodes
+    have one). Deleting those keys undoes the flicker: the next read fills from the
+    counter-store. The idem-store node is a replica, which applies its primary's writes past
+    its maxmemory, so no like is refused meanwhile."""
+    relay = int(stack.status()[workloads.OUTBOX_RELAY.name]["pid"])
+    replica = f"count-cache-{_a_replica(stack, stack.layout.ports.count_cache)[0] + 1}"
+    idem_replica = _a_replica(stack, stack.layout.ports.idem_store)[1]
     env = stack.workload_env(workloads.CANARY.name)
     settings = CanarySettings.model_validate(
         {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
@@ -574,10 +581,13 @@ def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack
         stack.cli("local", "stop", workloads.CONSUMER_LAG.name)
         stack.cli("local", "stop", replica)
         flickering.set()
+        used = int(idem_replica.info("memory")["used_memory"])
+        idem_replica.config_set("maxmemory", int(used / 0.95))  # 95 %: over the 85 % line
 
     def undo() -> None:
         os.kill(relay, signal.SIGCONT)  # before `up`, which would find it unhealthy
         flickering.clear()
+        idem_replica.config_set("maxmemory", 0)  # the local stack's: no limit
         time.sleep(1)  # the writer's last pass
         for post in posts:
             rc.delete(keys.count_key(post))
@@ -600,6 +610,10 @@ def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack
                     "count-cache-replication-lag",
                 ),
                 alert_rules.COUNT_FLICKER: (_named(alert_rules.COUNT_FLICKER), "count-flicker"),
+                alert_rules.IDEM_STORE_NEARLY_FULL: (
+                    _named(alert_rules.IDEM_STORE_NEARLY_FULL),
+                    "idem-store-nearly-full",
+                ),
             },
             induce,
             undo,
@@ -607,6 +621,7 @@ def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack
     finally:
         stop.set()
         writer.join(timeout=10)
+        idem_replica.config_set("maxmemory", 0)
     assert _query(stack, f"sum(increase({metric_names.CANARY_FLICKERS}[10m]))") > 0
 
 
