@@ -23,6 +23,7 @@ import re
 import time
 import uuid
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -421,7 +422,10 @@ def alert_timings(entries: list[dict[str, Any]], since: float) -> dict[str, dict
     """`alerts_since` of the sink's `entries` (each {receiver, received_at, payload}). An alert
     still firing from before `since` counts as fired (Alertmanager repeats its notification):
     telling it from this run's own needs a wait for the expected alerts to be quiet first, which
-    measured up to 180 s an experiment in CI (tests run back to back; see issue 14's note)."""
+    measured up to 180 s an experiment in CI (tests run back to back; see issue 14's note). It is
+    told apart in the report instead: `carried_over` when every firing notification of the
+    alert since `since` is of an episode that started before it (the alert's `startsAt`), so its
+    firing cannot be put down to this run's fault."""
     out: dict[str, dict[str, Any]] = {}
     for e in entries:
         at = float(e.get("received_at", 0)) - since
@@ -432,11 +436,30 @@ def alert_timings(entries: list[dict[str, Any]], since: float) -> dict[str, dict
             name = (a.get("labels") or {}).get("alertname")
             if not name:
                 continue
-            seen = out.setdefault(name, {"receivers": [], "fired_s": None, "resolved_s": None})
+            seen = out.setdefault(
+                name,
+                {"receivers": [], "fired_s": None, "resolved_s": None, "carried_over": None},
+            )
             if e["receiver"] not in seen["receivers"]:
                 seen["receivers"].append(e["receiver"])
-            if a.get("status") == "firing" and seen["fired_s"] is None:
-                seen["fired_s"] = round(at, 1)
+            if a.get("status") == "firing":
+                if seen["fired_s"] is None:
+                    seen["fired_s"] = round(at, 1)
+                began = _epoch(a.get("startsAt"))
+                earlier = began is not None and began < since
+                seen["carried_over"] = earlier and seen["carried_over"] is not False
             elif a.get("status") == "resolved":
                 seen["resolved_s"] = round(at, 1)
     return out
+
+
+def _epoch(rfc3339: Any) -> float | None:
+    """Alertmanager's RFC 3339 time (nanoseconds and a Z) as epoch seconds; None if unreadable."""
+    if not isinstance(rfc3339, str):
+        return None
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", rfc3339)
+    if m is None:
+        return None
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    whole = datetime.fromisoformat(m.group(1) + zone).timestamp()
+    return whole + float(m.group(2) or 0)

@@ -109,6 +109,8 @@ def _alerts(result: Result) -> list[tuple[str, str, str, str]]:
     out = []
     for name, a in sorted((result.checks.get("alerts") or {}).items()):
         fired = "-" if a.get("fired_s") is None else f"+{a['fired_s']} s"
+        if a.get("carried_over"):  # firing since before the run: not this fault's to claim
+            fired += " (carried over)"
         resolved = "-" if a.get("resolved_s") is None else f"+{a['resolved_s']} s"
         out.append((name, fired, resolved, f"runbooks/{_slug(name)}.md"))
     return out

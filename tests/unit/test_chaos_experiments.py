@@ -140,6 +140,41 @@ def test_the_expected_alerts_are_the_catalogs_but_the_watchdog() -> None:
     assert not probes._fired_and_resolved(fired, sorted(never), never)
 
 
+def test_an_alert_firing_since_before_the_run_is_marked_carried_over(tmp_path: Path) -> None:
+    """The sink's notifications since the run began: an alert whose every firing notification
+    is of an episode begun before the run (its startsAt) is carried over, one that began in the
+    run is not, even when an earlier episode of it (another instance's, say) is repeated
+    before and after."""
+    from chaos import probes, report
+    from chaos.runner import Result
+
+    since = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+    def note(at: float, *alerts: tuple[str, str, str]) -> dict[str, Any]:
+        return {"receiver": "pager", "received_at": since + at, "payload": {"alerts": [
+            {"labels": {"alertname": n}, "status": st, "startsAt": began}
+            for n, st, began in alerts]}}  # fmt: skip
+
+    before, during = "2023-11-14T22:12:00.123456789Z", "2023-11-14T22:13:30.5Z"
+    entries = [
+        note(-5, ("Old", "firing", before)),  # before the run: not read at all
+        note(2, ("Old", "firing", before), ("Again", "firing", before)),
+        note(12, ("Fresh", "firing", during), ("Again", "firing", during)),
+        note(30, ("Again", "firing", before)),  # another instance's earlier episode, repeated
+        note(40, ("Old", "resolved", before), ("Fresh", "resolved", during)),
+    ]
+    got = probes.alert_timings(entries, since)
+    assert got["Old"] == {"receivers": ["pager"], "fired_s": 2.0, "resolved_s": 40.0,
+                          "carried_over": True}  # fmt: skip
+    assert got["Fresh"]["carried_over"] is False and got["Fresh"]["fired_s"] == 12.0
+    assert got["Again"]["carried_over"] is False and got["Again"]["fired_s"] == 2.0
+    assert probes._epoch(before) == since - 80 + 0.123456789
+    assert probes._epoch("yesterday") is None
+    run = Result("aggregator-crash", "completed", False, "passed", 70.0, [], {"alerts": got})
+    rows = {r[0]: r for r in report._alerts(run)}
+    assert rows["Old"][1] == "+2.0 s (carried over)" and rows["Fresh"][1] == "+12.0 s"
+
+
 def test_the_report_has_a_table_a_section_and_a_plot_per_experiment(tmp_path: Path) -> None:
     from chaos import report
     from chaos.runner import Result
