@@ -151,6 +151,11 @@ class RedisConfig(_Model):
     idem_store_shards: Annotated[int, Field(ge=3)] = 3
     idem_store_memory_gi: Count
     idem_store_storage_gi: Count
+    # The abuse scorer's shared feature state (services/abuse/shared_features.py): 152 B a like
+    # of the last hour, ~51 GB at the seed's 93 K likes/s held for the hour; maxmemory is 80 %
+    # of a node's memory (infra/redis.py), and it evicts beyond that (keys.EVICTION_POLICY).
+    feature_store_shards: Annotated[int, Field(ge=3)] = 3
+    feature_store_memory_gi: Count
 
 
 class ScyllaConfig(_Model):

@@ -10,7 +10,8 @@
   Locally Cassandra stands in for it and is scraped through the same JMX agent with
   `jmx/cassandra.yaml`. The two speak different metric names: nothing in the rules reads either
   yet, and a rule that does must name both (Scylla's `scylla_*`, the local `cassandra_*`).
-- Redis (count-cache, idem-store, hot pools): one redis_exporter in multi-target mode. The
+- Redis (count-cache, idem-store, feature-store, hot pools): one redis_exporter in multi-target
+  mode. The
   `redis` scrape job finds every Redis pod that carries REDIS_SCRAPE_ANNOTATION and asks the
   exporter for it (`/scrape?target=redis://<pod>:<port>`), so a new pool is scraped with no
   exporter change, and a dead Redis is `redis_up 0` from a live exporter, not a missing target.

@@ -58,7 +58,7 @@ KAFKA_PEERS_PORT = kafka_infra.PEER_PORT  # the listener the peer regions' Mirro
 SCYLLA_INTERNODE = (7000, 7001)
 SCYLLA_METRICS = exporters.SCYLLA_METRICS_PORT
 SCYLLA_AGENT = 10001
-REDIS_CLUSTERS = ("count-cache", "idem-store")  # infra/redis.py's cluster roles
+REDIS_CLUSTERS = redis_infra.CLUSTERS  # their nodes replicate and gossip on the bus
 OPERATOR_WEBHOOKS = (platform.CERT_MANAGER_WEBHOOK_PORT, platform.SCYLLA_WEBHOOK_PORT)
 
 

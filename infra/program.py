@@ -86,6 +86,8 @@ def main() -> None:
             idem_store_shards=cfg.redis.idem_store_shards,
             idem_store_memory_gi=cfg.redis.idem_store_memory_gi,
             idem_store_storage_gi=cfg.redis.idem_store_storage_gi,
+            feature_store_shards=cfg.redis.feature_store_shards,
+            feature_store_memory_gi=cfg.redis.feature_store_memory_gi,
         ),
         pulumi.ResourceOptions(providers=[eks.provider], depends_on=[ns[platform.NS_DATA]]),
     )
@@ -218,6 +220,7 @@ def main() -> None:
             "otlp_endpoint": obs.otlp_endpoint,
         },
         hot_pools=store.hot_pool_endpoints,
+        feature_store=store.feature_store_seeds,
     )
     apps = services.Services(
         "services",
@@ -332,10 +335,14 @@ def main() -> None:
 
 
 def workload_env(
-    cfg: config.StackConfig, endpoints: Mapping[str, object], hot_pools: Sequence[str]
+    cfg: config.StackConfig,
+    endpoints: Mapping[str, object],
+    hot_pools: Sequence[str],
+    feature_store: str = "",
 ) -> dict[str, dict[str, object]]:
     """Each workload's env, rendered from its settings class (the names are defined there, and
-    a name the class does not have fails here, at plan time)."""
+    a name the class does not have fails here, at plan time). `feature_store`: the feature-store's
+    seeds, for the abuse scorer only (nothing else reads it, and only it may reach it)."""
     g = cfg.gateway
     common: dict[str, object] = {
         "env": cfg.environment,
@@ -383,6 +390,7 @@ def workload_env(
             "abuse_feature_store": abuse_settings.feature_store_for(
                 cfg.services.abuse_scorer.max_replicas
             ),
+            "feature_store_nodes": feature_store,
         },
     }
     return {

@@ -1,5 +1,7 @@
-"""Redis: the count-cache cluster, the hot pools the operator replicates hot counts into, and the
-AOF-persisted idem-store cluster. On-cluster rather than ElastiCache: see infra/README.md.
+"""Redis: the count-cache cluster, the hot pools the operator replicates hot counts into, the
+AOF-persisted idem-store cluster, and the feature-store cluster (the abuse scorer's shared
+feature state: a cache of its own, no AOF, evicting when full, so that state can neither fill the
+idem-store nor fail the writes' dedup). On-cluster rather than ElastiCache: see infra/README.md.
 
 The password reaches redis-server as a config file (`include`d by redis.conf) from the `redis-auth`
 Secret, never as argv: `--requirepass $(REDIS_PASSWORD)` shows in `ps` and in the pod spec's
@@ -30,7 +32,8 @@ AUTH_SECRET = "redis-auth"
 AUTH_CONF_KEY = "auth.conf"  # the Secret's key holding `requirepass`/`masterauth` lines
 AUTH_CONF_DIR = "/etc/redis-auth"
 ROLE_LABEL = "likes.io/redis-role"  # on every Redis pod: one of COMPONENTS
-COMPONENTS = ("count-cache", "idem-store", "hot-pool")
+COMPONENTS = ("count-cache", "idem-store", "feature-store", "hot-pool")
+CLUSTERS = ("count-cache", "idem-store", "feature-store")  # the COMPONENTS that are clusters
 
 
 def hot_pool(i: int) -> str:
@@ -50,6 +53,8 @@ class RedisArgs:
     idem_store_shards: int
     idem_store_memory_gi: int
     idem_store_storage_gi: int
+    feature_store_shards: int
+    feature_store_memory_gi: int
     storage_class: str = "gp3"
 
 
@@ -101,10 +106,20 @@ class _Role:
     max_unavailable: int
 
 
+def _cluster_role(name: str, nodes: int, memory_gi: int, *, aof: bool, storage_gi: int) -> _Role:
+    """A Redis Cluster role (one of CLUSTERS): `nodes` pods, primaries and their replicas, with
+    the role's eviction policy (keys.EVICTION_POLICY)."""
+    conf = redis_conf(cluster=True, memory_gi=memory_gi, policy=keys.EVICTION_POLICY[name], aof=aof)
+    return _Role(
+        name, name, nodes, memory_gi, conf, cluster=True, storage_gi=storage_gi, max_unavailable=1
+    )
+
+
 class Redis(pulumi.ComponentResource):
     exporter: str  # the multi-target redis_exporter, host:port
     count_cache_seeds: str
     idem_store_seeds: str
+    feature_store_seeds: str
     hot_pool_endpoints: list[str]
 
     def __init__(
@@ -126,35 +141,28 @@ class Redis(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         roles = [
-            _Role(
-                "count-cache",
+            _cluster_role(
                 "count-cache",
                 args.count_cache_shards * (1 + args.replicas_per_shard),
                 args.count_cache_memory_gi,
-                redis_conf(
-                    cluster=True,
-                    memory_gi=args.count_cache_memory_gi,
-                    policy=keys.EVICTION_POLICY["count-cache"],
-                    aof=False,
-                ),
-                cluster=True,
+                aof=False,
                 storage_gi=1,  # nodes.conf only: a node must keep its cluster identity
-                max_unavailable=1,
             ),
-            _Role(
-                "idem-store",
+            _cluster_role(
                 "idem-store",
                 args.idem_store_shards * 2,
                 args.idem_store_memory_gi,
-                redis_conf(
-                    cluster=True,
-                    memory_gi=args.idem_store_memory_gi,
-                    policy=keys.EVICTION_POLICY["idem-store"],
-                    aof=True,
-                ),
-                cluster=True,
+                aof=True,
                 storage_gi=args.idem_store_storage_gi,
-                max_unavailable=1,
+            ),
+            # a cache of the scorer's features: a lost key weakens a score, never a count, so
+            # no AOF, and it evicts when full (keys.EVICTION_POLICY) rather than refuse
+            _cluster_role(
+                "feature-store",
+                args.feature_store_shards * 2,
+                args.feature_store_memory_gi,
+                aof=False,
+                storage_gi=1,  # nodes.conf only
             ),
         ]
         roles += [
@@ -181,6 +189,7 @@ class Redis(pulumi.ComponentResource):
         suffix = f"{args.namespace}.svc.cluster.local:{PORT}"
         self.count_cache_seeds = f"count-cache.{suffix}"
         self.idem_store_seeds = f"idem-store.{suffix}"
+        self.feature_store_seeds = f"feature-store.{suffix}"
         # the pool's one pod by its stable name: writes and reads reach the same server
         self.hot_pool_endpoints = [
             f"{hot_pool(i)}-0.{hot_pool(i)}.{suffix}" for i in range(args.hot_pools)
@@ -190,6 +199,7 @@ class Redis(pulumi.ComponentResource):
                 "exporter": self.exporter,
                 "count_cache_seeds": self.count_cache_seeds,
                 "idem_store_seeds": self.idem_store_seeds,
+                "feature_store_seeds": self.feature_store_seeds,
                 "hot_pool_endpoints": self.hot_pool_endpoints,
             }
         )

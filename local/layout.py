@@ -42,6 +42,11 @@ class Ports:
         return [self._p(6390 + i) for i in range(6)]
 
     @property
+    def feature_store(self) -> list[int]:
+        # the cluster bus is each port + 10000 (16590..): clear of every stack's ports too
+        return [self._p(6590 + i) for i in range(6)]
+
+    @property
     def etcd_client(self) -> int:
         return self._p(2379)
 
@@ -237,6 +242,10 @@ class Ports:
         return [self._p(6490 + i) for i in range(6)]
 
     @property
+    def feature_store_proxies(self) -> list[int]:
+        return [self._p(6690 + i) for i in range(6)]
+
+    @property
     def kafka_broker_proxies(self) -> list[int]:
         return [self._p(29292 + i) for i in range(3)]
 
@@ -269,6 +278,7 @@ class Layout:
         for name, listens, upstreams in (
             ("count-cache", p.count_cache_proxies, p.count_cache),
             ("idem-store", p.idem_store_proxies, p.idem_store),
+            ("feature-store", p.feature_store_proxies, p.feature_store),
             ("kafka", p.kafka_broker_proxies[: self.kafka_brokers], p.kafka_brokers),
         ):
             for i, (listen, upstream) in enumerate(zip(listens, upstreams, strict=False)):

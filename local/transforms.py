@@ -44,8 +44,8 @@ TRANSFORMS: tuple[Transform, ...] = (
     Transform(
         "service-address",
         "env",
-        "in-cluster Service addresses (count-cache, idem-store, Scylla and its datacenter, "
-        "Kafka, schema registry, etcd, hot pools) -> the local server that plays each",
+        "in-cluster Service addresses (count-cache, idem-store, feature-store, Scylla and its "
+        "datacenter, Kafka, schema registry, etcd, hot pools) -> the local server that plays each",
         "one machine, one server per store, on loopback",
     ),
     Transform(
@@ -239,6 +239,7 @@ def _addresses(layout: Layout) -> dict[str, str | None]:
     return {
         "count_cache_nodes": ",".join(f"{HOST}:{x}" for x in p.count_cache[:3]),
         "idem_store_nodes": ",".join(f"{HOST}:{x}" for x in p.idem_store),
+        "feature_store_nodes": ",".join(f"{HOST}:{x}" for x in p.feature_store),
         "cassandra_hosts": HOST,
         # the one node is its own contact point: its proxy's in the --faults profile
         "cassandra_port": str(layout.announced(p.cassandra_native)),

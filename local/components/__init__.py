@@ -44,6 +44,7 @@ def build(layout: Layout, strict: bool = True) -> list[Component]:
         *([toxiproxy.Toxiproxy(layout)] if layout.faults else []),
         redis.IdemStore(layout),
         redis.CountCache(layout),
+        redis.FeatureStore(layout),
         redis.Exporter(layout),
         kafka.Kafka(layout),
         cassandra.Cassandra(layout),

@@ -1,6 +1,6 @@
-"""The count-cache and the AOF idem-store, each a Redis Cluster of 3 primaries + 3 replicas as the
-program declares them (the idem-store was one shard here until the program's 3 shards were run
-locally too: issue 9 item 3).
+"""The count-cache, the AOF idem-store and the feature-store, each a Redis Cluster of 3 primaries
++ 3 replicas as the program declares them (the idem-store was one shard here until the program's
+3 shards were run locally too: issue 9 item 3).
 
 Both from Debian's redis-server. The cluster uses a short node timeout so a killed primary fails
 over to its replica within a few seconds on a laptop (production keeps Redis's defaults).
@@ -233,12 +233,34 @@ class IdemStore(_Cluster):
         ]
 
 
-class ScratchCluster:
-    """A one-node Redis Cluster owning every slot, with `maxmemory_mb` and the count-cache's
-    eviction policy: a small count-cache for the memory tests and benchmarks (issue 10, hole
-    2), apart from the stack's (which it would fill). Requires `password`; stop with close()."""
+class FeatureStore(_Cluster):
+    """The abuse scorer's shared feature state (services/abuse/shared_features.py): a cache, so
+    no AOF, evicting when full, as the program declares it (infra/redis.py)."""
 
-    def __init__(self, home: Path, password: str, maxmemory_mb: int) -> None:
+    name = "feature-store"
+
+    def ports(self) -> list[int]:
+        return self.layout.ports.feature_store
+
+    def conf_lines(self, port: int) -> list[str]:
+        return [
+            "appendonly no",
+            'save ""',  # every key expires within the hour: a restart starts it empty
+            "maxmemory 256mb",
+            # a lost feature weakens a score, never a count: evict, never refuse
+            f"maxmemory-policy {keys.EVICTION_POLICY['feature-store']}",
+        ]
+
+
+class ScratchCluster:
+    """A one-node Redis Cluster owning every slot, with `maxmemory_mb` and the eviction policy of
+    `role` (keys.EVICTION_POLICY; the count-cache's by default): a small count-cache (or
+    feature-store) for the memory tests and benchmarks (issue 10, hole 2), apart from the
+    stack's (which it would fill). Requires `password`; stop with close()."""
+
+    def __init__(
+        self, home: Path, password: str, maxmemory_mb: int, role: str = "count-cache"
+    ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         self.home, self.password = home, password
         # a port picked free can be taken before the server binds it (another process's
@@ -256,7 +278,7 @@ class ScratchCluster:
                         "appendonly no", "cluster-enabled yes",
                         f"cluster-config-file nodes-{attempt}.conf",
                         f"maxmemory {maxmemory_mb}mb",
-                        f"maxmemory-policy {keys.EVICTION_POLICY['count-cache']}",
+                        f"maxmemory-policy {keys.EVICTION_POLICY[role]}",
                         f"requirepass {password}", "",
                     ]
                 )
@@ -273,7 +295,7 @@ class ScratchCluster:
             self.proc.kill()
             self._log.close()
         else:
-            raise RuntimeError(f"the scratch count-cache did not start: see {home}")
+            raise RuntimeError(f"the scratch {role} did not start: see {home}")
         self.r.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
         wait_until(self._cluster_ok, 20, interval=0.2)
 

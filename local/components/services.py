@@ -11,6 +11,8 @@ from local.layout import HOST, REPO_ROOT, Layout
 from services.contracts import workloads
 
 STORES = ("etcd", "idem-store", "count-cache", "kafka", "cassandra", "schema-registry")
+# a store only some workloads use, by the settings field that names it (workloads.SERVERS)
+STORES_BY_FIELD = {"feature_store_nodes": "feature-store"}
 
 
 class Workload(Component):
@@ -22,6 +24,7 @@ class Workload(Component):
         self.name = process.name
         w = process.workload
         self.requires = (*STORES, "hot-pools") if w.kind == "operator" else STORES
+        self.requires += tuple(STORES_BY_FIELD[f] for f in w.uses if f in STORES_BY_FIELD)
         if "gateway_url" in w.uses:  # the canary calls the API through it
             self.requires = (*self.requires, Gateway.name)
         if process.sidecar is not None:  # the sidecar needs no store; its workload dials it
@@ -101,4 +104,4 @@ def build(layout: Layout, strict: bool = True) -> list[Component]:
     return [Workload(layout, p) for p in procs]
 
 
-__all__ = ["STORES", "Workload", "build", "workloads"]
+__all__ = ["STORES", "STORES_BY_FIELD", "Workload", "build", "workloads"]

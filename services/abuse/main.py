@@ -47,7 +47,8 @@ def build(s: ScorerSettings, **consumer_overrides: Any) -> Built:
     )
     registry = clients.schema_registry(s)
     publisher = Publisher(clients.producer(s))
-    idem = clients.idem_store(s, timeout=2.0)
+    idem = clients.idem_store(s, timeout=2.0)  # the storm watch, beside the degraded list
+    shared = clients.feature_store(s, timeout=2.0) if s.abuse_feature_store == "shared" else None
     model = ModelClient(s.abuse_model_target, s.abuse_model_timeout_s)
     overrides = {k.replace("_", "."): v for k, v in consumer_overrides.items()}
     voider = Voider(
@@ -60,8 +61,8 @@ def build(s: ScorerSettings, **consumer_overrides: Any) -> Built:
         deserialize=clients.like_deserializer(registry),
         # the shared state is namespaced like the topics (a benchmark's copies keep their own)
         features=(
-            SharedFeatures(idem, prefix=s.abuse_topic_prefix)
-            if s.abuse_feature_store == "shared"
+            SharedFeatures(shared, prefix=s.abuse_topic_prefix)
+            if shared is not None
             else Features()
         ),
         model=model,
@@ -73,6 +74,8 @@ def build(s: ScorerSettings, **consumer_overrides: Any) -> Built:
         model.close()
         publisher.close()
         idem.close()
+        if shared is not None:
+            shared.close()
         cluster.shutdown()
 
     return Built(scorer, close)

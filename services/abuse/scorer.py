@@ -23,10 +23,12 @@ Features are computed once per batch, before its first Score call, and kept with
 so a retry is scored on the same rows. Where their state lives is the `abuse_feature_store`
 setting: `memory` (services/abuse/features.py, this process's: it sees only the partitions it
 owns, and likes.committed is keyed by post, so it is right for one replica only) or `shared`
-(services/abuse/shared_features.py, in the idem-store: every replica sees every like of a user;
-the program renders it whenever the scorer may run more than one replica). The idem-store down,
-unreachable or full while a batch is observed: the batch is held exactly as for the model
-(dependency `feature-store`), and observing it again once the store is back counts nothing twice.
+(services/abuse/shared_features.py, in the feature-store, a Redis Cluster of its own: every
+replica sees every like of a user; the program renders it whenever the scorer may run more than
+one replica). The feature-store down or unreachable while a batch is observed: the batch is held
+exactly as for the model (dependency `feature-store`), and observing it again once the store is
+back counts nothing twice. Full, it evicts (keys.EVICTION_POLICY): a lost feature weakens a
+score, it holds nothing.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ log = logging.getLogger("abuse.scorer")
 
 MODEL = "model"
 EDGE_STORE = "edge-store"
-FEATURE_STORE = "feature-store"  # the shared feature state's store (the idem-store)
+FEATURE_STORE = "feature-store"  # the shared feature state's Redis Cluster (infra/redis.py)
 DEPENDENCIES = (MODEL, EDGE_STORE, FEATURE_STORE)
 for _dep in DEPENDENCIES:  # bound at start: "no failure" reads 0, not "No data"
     metrics.DEPENDENCY_FAILURES.labels(_dep)

@@ -8,13 +8,13 @@ from pydantic import Field
 
 from services.contracts import events, workloads
 from services.contracts import kafka as kafka_contract
-from services.contracts.settings import Settings
+from services.contracts.settings import FeatureStoreSettings
 
 MODEL_PORT = workloads.ABUSE_MODEL.port  # the model server's gRPC port (the pod's sidecar)
 
 # Where the features' state lives (services/abuse/scorer.py): this process's memory, right for
 # one replica only (likes.committed is keyed by post: each replica reads a share of every user's
-# likes), or the idem-store, shared by every replica (services/abuse/shared_features.py).
+# likes), or the feature-store, shared by every replica (services/abuse/shared_features.py).
 FeatureStore = Literal["memory", "shared"]
 
 
@@ -24,7 +24,7 @@ def feature_store_for(max_replicas: int) -> FeatureStore:
     return "shared" if max_replicas > 1 else "memory"
 
 
-class ScorerSettings(Settings):
+class ScorerSettings(FeatureStoreSettings):
     abuse_group_id: str = kafka_contract.ABUSE_GROUP
     # topic names behind this prefix (a test or a benchmark runs on its own copies of the topics)
     abuse_topic_prefix: str = ""

@@ -1,5 +1,6 @@
-"""The abuse features (services/abuse/features.py) with their state in the idem-store, so that
-several scorer replicas compute one user's features from all of that user's likes.
+"""The abuse features (services/abuse/features.py) with their state in the feature-store (a Redis
+Cluster of its own, infra/redis.py), so that several scorer replicas compute one user's features
+from all of that user's likes.
 
 Why: likes.committed is keyed by post, so each replica reads a share of every user's likes; a
 feature kept in process memory would see half a bot's pace with two replicas. No single key
@@ -34,17 +35,23 @@ numbers, so windows and `since_previous_s` are exact. What differs, on purpose:
 - A stored member that does not parse (none is written so) is skipped by the eviction, never
   a script error that would hold every batch.
 
-Memory (idem-store), measured: 152 B of dataset memory per like of generator traffic
+Memory (feature-store), measured: 152 B of dataset memory per like of generator traffic
 (tests/integration/test_shared_features.py prints it with -s: 4,676 likes, 1,919 keys). The
 user's ZSET member ("id|ip|/24|device", ~40 B) stays in a listpack below 128 likes an hour
 (zset-max-listpack-entries), so a human's likes cost the member and a few bytes; the rest are
 the per-key overheads of a user's four keys and the /24, address and device keys, spread over
 few likes. At the seed's peak of 93 K likes/s held for the whole 1 h horizon: 93e3 x 3600 =
-335 M likes, ~51 GB. prod-us sizes the idem-store at 3 shards x 16 GiB (maxmemory 80 %: ~38
-GiB) beside the idempotency keys, and it never evicts (keys.EVICTION_POLICY): about 70 K likes/s
-sustained for an hour fills it, and a full store fails the writes' dedup closed. So at the
-seed's peak the idem-store must grow by this much first (or the state gets its own cluster);
-the in-memory store needed the same 51 GB in ONE process, which is why it could not scale.
+335 M likes, ~51 GB. The in-memory store needed the same 51 GB in ONE process, which is why it
+could not scale; in the idem-store (where this state lived first) it would have filled prod-us's
+3 x 16 GiB at ~70 K likes/s, and that store never evicts: a full idem-store fails every like's
+dedup closed. So the state has a cluster of its own, sized for the peak (prod: 4 shards x 16
+GiB, maxmemory 80 %: 51.2 GiB; stacks/Pulumi.prod-*.yaml) and evicting when full
+(keys.EVICTION_POLICY, allkeys-lru): past its size the least recently touched users, /24s,
+addresses and devices lose their history (their next like scores as a first one), which only
+weakens scores, never a count, and never holds a batch
+(tests/integration/test_shared_features.py fills a small one). Its script (an HVALS of the
+user's /24s and addresses per like) runs on these nodes too, not on the ones the write path
+dedups every like on.
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ from services.contracts import clients, events, keys
 
 
 class FeatureStoreUnavailable(Exception):
-    """The idem-store could not observe a batch (down, unreachable, full, a slot moved): the
+    """The feature-store could not observe a batch (down, unreachable, a slot moved): the
     caller holds the batch and retries it, which is safe (observing again changes nothing)."""
 
 
@@ -198,7 +205,7 @@ def like_id(o: f.Observation) -> str:
 
 
 class SharedFeatures:
-    """`Features`' rows from state in the idem-store (`rc`, a Redis Cluster client). `prefix`
+    """`Features`' rows from state in the feature-store (`rc`, a Redis Cluster client). `prefix`
     namespaces the state (the scorer passes its topic prefix: a test or a benchmark on its own
     copies of the topics keeps its own features too)."""
 

@@ -44,28 +44,36 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from services.contracts import events, kafka, registry, tls
-from services.contracts.settings import Settings
+from services.contracts.settings import FeatureStoreSettings, Settings
 
 log = logging.getLogger("clients")
 
 
 def count_cache(settings: Settings, timeout: float = 0.5) -> RedisCluster:
     """The count-cache cluster. Short timeouts: a read falls through rather than waits."""
-    return RedisCluster(
-        startup_nodes=[ClusterNode(h, p) for h, p in settings.count_cache_startup],
-        password=settings.redis_auth,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        decode_responses=True,
-        cluster_error_retry_attempts=1,
-    )
+    return _redis_cluster(settings, settings.count_cache_startup, timeout)
 
 
 def idem_store(settings: Settings, timeout: float = 0.5) -> RedisCluster:
     """The idempotency store: a Redis Cluster with AOF, as the program declares it. A shard
     that is down fails its own keys (closed: 503), not the others'."""
+    return _redis_cluster(settings, settings.idem_store_startup, timeout)
+
+
+def feature_store(settings: FeatureStoreSettings, timeout: float = 0.5) -> RedisCluster:
+    """The abuse scorer's shared feature state: a Redis Cluster of its own, no AOF, evicting
+    when full (keys.EVICTION_POLICY), as the program declares it. Down or unreachable, the
+    scorer holds its batch (services/abuse/scorer.py); nothing else depends on it."""
+    return _redis_cluster(settings, settings.feature_store_startup, timeout)
+
+
+def _redis_cluster(
+    settings: Settings, startup: Sequence[tuple[str, int]], timeout: float
+) -> RedisCluster:
+    """A cluster client of ours: the stack's Redis password, `timeout` to connect and answer,
+    one retry after a cluster error (the caller decides what a failure means)."""
     return RedisCluster(
-        startup_nodes=[ClusterNode(h, p) for h, p in settings.idem_store_startup],
+        startup_nodes=[ClusterNode(h, p) for h, p in startup],
         password=settings.redis_auth,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,

@@ -1,4 +1,4 @@
-"""Key names of the count-cache, idem-store and etcd, in one place.
+"""Key names of the count-cache, idem-store, feature-store and etcd, in one place.
 
 The braces are Redis Cluster hash tags: every key of one post (aggregate, sub-counters) lands in
 the same slot, so one MGET reads them all; a user's Bloom filter and its scratch key likewise.
@@ -16,10 +16,17 @@ FLAGS_PREFIX = ETCD_PREFIX + "flags/"
 # The count-cache and hot pools are caches rebuilt from the counter-store / edge-store: evict
 # rather than refuse writes (every key they hold also carries a TTL). The idem-store never
 # evicts: a lost dedup key is a double count, so a full store refuses writes (fail closed).
+# The feature-store (the abuse scorer's shared feature state, services/abuse/shared_features.py)
+# evicts: a lost feature only weakens a score (a user's pace restarts from the likes seen
+# since), never a count, and a refused write would hold every scoring batch. allkeys-lru rather
+# than volatile-lru: every feature key carries a TTL, so the two pick from the same keys today,
+# but volatile-lru refuses writes (OOM) once no key with a TTL is left to evict, and a full
+# store must evict, never refuse, whatever a key (a future one, a hand-made one) carries.
 EVICTION_POLICY = {
     "count-cache": "allkeys-lru",
     "hot-pool": "allkeys-lru",
     "idem-store": "noeviction",
+    "feature-store": "allkeys-lru",
 }
 
 SPLIT_FACTOR = 8  # sub-keys post_id:0..7 of a split (hot) post
@@ -79,7 +86,7 @@ def storm_key(user_id: str) -> str:
     return f"abuse:storm:{{{user_id}}}"
 
 
-# In the idem-store: the abuse scorer's shared feature state (services/abuse/shared_features.py).
+# In the feature-store: the abuse scorer's shared feature state (services/abuse/shared_features.py).
 # One hash tag per thing a feature is keyed by, so the keys one script call touches share a slot.
 def abuse_user_keys(user_id: str) -> list[str]:
     """A user's likes of the last hour (ZSET), and the counts of their /24s, addresses and

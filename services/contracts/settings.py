@@ -74,7 +74,8 @@ class Settings(BaseSettings):
     count_cache_nodes: str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
     # a Redis Cluster (AOF) in every environment: seed nodes, like the count-cache
     idem_store_nodes: str = "127.0.0.1:6390"
-    redis_password: SecretStr | None = None  # AUTH for count-cache, idem-store and hot pools
+    # AUTH for count-cache, idem-store, hot pools and feature-store
+    redis_password: SecretStr | None = None
     cassandra_hosts: str = "127.0.0.1"
     cassandra_port: int = 9042
     cassandra_local_dc: str | None = None  # None: the driver's default (the first host's DC)
@@ -223,3 +224,18 @@ class HotPoolSettings(Settings):
     @property
     def hot_pool_addresses(self) -> list[tuple[str, int]]:
         return parse_nodes(self.hot_pools) if self.hot_pools else []
+
+
+class FeatureStoreSettings(Settings):
+    """Settings of a workload that reaches the feature-store: the abuse scorer's shared feature
+    state (services/abuse/shared_features.py), a Redis Cluster of its own that evicts
+    (keys.EVICTION_POLICY), apart from the idem-store that never does."""
+
+    # seed nodes of the cluster, like the idem-store's (same password: redis_password)
+    feature_store_nodes: str = "127.0.0.1:6590"
+
+    ENDPOINTS = (*Settings.ENDPOINTS, "feature_store_nodes")
+
+    @property
+    def feature_store_startup(self) -> list[tuple[str, int]]:
+        return parse_nodes(self.feature_store_nodes)

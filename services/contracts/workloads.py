@@ -36,6 +36,7 @@ MODELS_MOUNT = "/models"  # the abuse model's versions and `current` (services/a
 SERVERS: dict[str, str | None] = {
     "count_cache_nodes": None,
     "idem_store_nodes": None,
+    "feature_store_nodes": None,
     "hot_pools": None,
     "cassandra_hosts": "cassandra_port",
     "kafka_bootstrap": None,
@@ -202,9 +203,10 @@ ABUSE_SCORER = Workload(
     "services.abuse",
     "services.abuse.settings:ScorerSettings",
     OPS_PORT,
-    # likes.committed and likes.voided; the edges it voids; the degraded-account list
-    uses=("idem_store_nodes", "cassandra_hosts", "kafka_bootstrap", "schema_registry_url",
-          TRACES),
+    # likes.committed and likes.voided; the edges it voids; the storm watch and the
+    # degraded-account list (idem-store); the shared features (feature-store)
+    uses=("idem_store_nodes", "feature_store_nodes", "cassandra_hosts", "kafka_bootstrap",
+          "schema_registry_url", TRACES),
     sidecar=ABUSE_MODEL,
 )  # fmt: skip
 

@@ -62,7 +62,7 @@ from services.abuse import model_server
 from services.abuse import settings as abuse_settings
 from services.aggregator.settings import AggregatorSettings
 from services.common import worker_http
-from services.contracts import clients, etcd, events, registry, routes, tls, workloads
+from services.contracts import clients, etcd, events, keys, registry, routes, tls, workloads
 from services.contracts import kafka as kafka_contract
 from services.contracts.settings import Settings, UnknownVariable, parse_nodes
 from services.schema import cql_roles, etcd_auth, migrate, registry_schemas
@@ -700,6 +700,47 @@ def test_the_idem_store_is_a_redis_cluster_in_the_program_and_in_the_client(
         assert nodes == parse_nodes(seeds)
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_scorer_reaches_the_feature_store_the_program_declares_and_it_evicts(
+    plans: dict[str, plan.Plan],
+    configs: dict[str, config.StackConfig],
+    build_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    stack: str,
+) -> None:
+    """The shared features' cluster: declared once (a cluster of its own, no AOF, evicting
+    when full, sized from the stack's config), and the scorer, only, is rendered its seeds,
+    which its settings read and its client dials."""
+    p, cfg = plans[stack], configs[stack]
+    conf = named(p, "ConfigMap", "feature-store-conf").inputs["data"]["redis.conf"].splitlines()
+    policy = keys.EVICTION_POLICY["feature-store"]
+    assert policy != "noeviction" and policy.endswith("-lru")
+    assert {"cluster-enabled yes", "appendonly no", f"maxmemory-policy {policy}"} <= set(conf)
+    mb = int(cfg.redis.feature_store_memory_gi * 0.8 * 1024)
+    assert f"maxmemory {mb}mb" in conf
+    sts = named(p, "StatefulSet", "feature-store").inputs
+    assert sts["spec"]["replicas"] == 2 * cfg.redis.feature_store_shards  # one replica each
+    job = named(p, "Job", "feature-store-create").inputs
+    assert "--cluster-replicas 1" in job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    redis_port = next(
+        int(port["containerPort"])
+        for port in sts["spec"]["template"]["spec"]["containers"][0]["ports"]
+        if port["name"] == "redis"
+    )
+    ns = sts["metadata"]["namespace"]
+    s = build_settings(workloads.ABUSE_SCORER, likes_env(container_of(p, workloads.ABUSE_SCORER)))
+    assert isinstance(s, abuse_settings.ScorerSettings)
+    assert s.feature_store_startup == [(f"feature-store.{ns}.svc.cluster.local", redis_port)]
+    name = abuse_settings.ScorerSettings.env_name("feature_store_nodes")
+    for w in workloads.ALL:  # nobody else is told where it is
+        if w is not workloads.ABUSE_SCORER:
+            assert name not in likes_env(container_of(p, w)), w.name
+    monkeypatch.setattr(clients, "RedisCluster", _RecordingCluster)
+    kw = clients.feature_store(s).kwargs  # type: ignore[attr-defined]
+    assert kw["password"] == DUMMY_SECRET
+    assert [(n.host, n.port) for n in kw["startup_nodes"]] == s.feature_store_startup
+
+
 @pytest.mark.parametrize(("stack", "w"), WORKLOAD_CASES)
 def test_redis_clients_get_the_password_from_the_redis_auth_secret(
     plans: dict[str, plan.Plan], stack: str, w: workloads.Workload
@@ -719,7 +760,7 @@ def test_redis_clients_get_the_password_from_the_redis_auth_secret(
     assert set(secret["stringData"]) == {ref.key}
     # and the Redis servers require it: AUTH that nobody checks protects nothing. The server
     # reads `requirepass` from a file of the same Secret that redis.conf includes (not argv)
-    for role in ("count-cache", "idem-store", "hot-pool-0"):
+    for role in ("count-cache", "idem-store", "feature-store", "hot-pool-0"):
         spec = named(plans[stack], "StatefulSet", role).inputs["spec"]["template"]["spec"]
         conf = named(plans[stack], "ConfigMap", f"{role}-conf").inputs["data"]["redis.conf"]
         assert f"include {infra_redis.AUTH_CONF_DIR}/{infra_redis.AUTH_CONF_KEY}" in conf, role

@@ -29,7 +29,18 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import config, gateway, netpol, network, observability, plan, platform, services
+from infra import (
+    config,
+    exporters,
+    gateway,
+    netpol,
+    network,
+    observability,
+    plan,
+    platform,
+    redis,
+    services,
+)
 from services.contracts import workloads
 from tests.infra.conftest import STACKS, by_kind, named
 from tests.infra.netpol_eval import Address, Cluster, Pod
@@ -335,6 +346,28 @@ def test_the_models_publisher_reaches_nothing_and_nothing_reaches_it(
 
 
 @pytest.mark.parametrize("stack", STACKS)
+def test_only_the_abuse_scorer_reaches_the_feature_store(
+    models: dict[str, Model], stack: str
+) -> None:
+    """The shared feature state's cluster is the scorer's alone: it reaches every node on the
+    Redis port (never the bus), and no other workload reaches any; the redis_exporter scrapes
+    it like the other clusters."""
+    m = models[stack]
+    nodes = m.where(DATA, **{NAME: "feature-store"})
+    assert nodes, "the program declares the feature-store"
+    ok = m.cluster.allowed
+    scorer = m.workload(workloads.ABUSE_SCORER.name)
+    exporter = m.one(DATA, **{NAME: exporters.REDIS_EXPORTER})
+    for node in nodes:
+        assert ok(scorer, node, redis.PORT), f"the scorer -> {node.name}"
+        assert not ok(scorer, node, redis.BUS_PORT), "no client on the bus"
+        assert ok(exporter, node, redis.PORT), "the exporter's scrapes"
+        for w in workloads.ALL:
+            if w is not workloads.ABUSE_SCORER:
+                assert not ok(m.workload(w.name), node, redis.PORT), f"{w.name} -> {node.name}"
+
+
+@pytest.mark.parametrize("stack", STACKS)
 def test_the_platform_paths_still_work(
     models: dict[str, Model], configs: dict[str, config.StackConfig], stack: str
 ) -> None:
@@ -347,7 +380,7 @@ def test_the_platform_paths_still_work(
     for w in workloads.ALL:
         if w.kind == "http":  # the API port (mTLS) is the gateway's alone
             assert not ok(prometheus, m.workload(w.name), w.port), f"{w.name}'s API from Prometheus"
-    for role in ("count-cache", "idem-store"):
+    for role in ("count-cache", "idem-store", "feature-store"):
         a, b = m.where(DATA, **{NAME: role})[0], m.where(DATA, **{NAME: role})[-1]
         assert ok(a, b, 6379) and ok(a, b, 16379), f"{role} replication and bus"
         assert ok(m.one(DATA, **{NAME: f"{role}-create"}), b, 6379)

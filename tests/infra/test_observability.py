@@ -508,7 +508,7 @@ def test_every_redis_is_scraped_through_the_one_exporter(
         if target is not None:
             scraped[pod.name] = target
     roles = {pod.name for pod in r.pods if redis.ROLE_LABEL in pod.labels}
-    assert {"count-cache", "idem-store", "hot-pool-0"} <= roles
+    assert {"count-cache", "idem-store", "feature-store", "hot-pool-0"} <= roles
     assert set(scraped) == roles  # every Redis, and nothing else
     for name, target in scraped.items():
         assert target["__address__"] == address, name  # the scrape goes to the exporter

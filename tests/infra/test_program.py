@@ -205,7 +205,7 @@ def test_redis_idem_store_aof_and_hot_pools(
         redis.AUTH_CONF_KEY: plan.SECRET_MARK,
     }
     for sts in by_kind(plans[stack], "StatefulSet"):
-        if not sts.name.startswith(("count-cache", "idem-store", "hot-pool-")):
+        if not sts.name.startswith(("count-cache", "idem-store", "feature-store", "hot-pool-")):
             continue
         spec = sts.inputs["spec"]["template"]["spec"]
         (c,) = spec["containers"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from infra import config, k8s, plan
+from infra import config, k8s, plan, redis
 from tests.infra.conftest import by_kind
 
 STACK = "prod-us"  # the Jobs are the same in every stack; this one also has peers' KafkaUsers
@@ -46,7 +46,7 @@ AFFECTED: dict[str, set[str]] = {
 }
 # Setup Jobs that read a password but apply none: they only form the Redis Cluster, and a rerun
 # against a Redis that still has the old requirepass would wait forever.
-NOT_KEYED = {"count-cache-create", "idem-store-create"}
+NOT_KEYED = {f"{role}-create" for role in redis.CLUSTERS}
 
 
 def _key(field: str) -> str:

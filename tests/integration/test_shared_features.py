@@ -1,7 +1,8 @@
 """The abuse features' shared state (services/abuse/shared_features.py) on the stack's real
-idem-store: the same rows as the in-memory features, the same rows when two replicas each see
+feature-store: the same rows as the in-memory features, the same rows when two replicas each see
 half of a user's likes (what several scorer replicas on a post-keyed topic do), every key
-expiring, and a scorer whose idem-store goes away deferring its batch and resuming."""
+expiring, a full feature-store evicting instead of refusing, and a scorer whose feature-store
+goes away deferring its batch and resuming."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from redis.cluster import ClusterNode, RedisCluster
 
 from local import transforms
+from local.components.redis import ScratchCluster
 from services.abuse import features, generator, metrics, scorer
 from services.abuse.settings import ScorerSettings
 from services.abuse.shared_features import SharedFeatures
@@ -47,9 +49,17 @@ def mismatches(want: Sequence[Row], got: Sequence[Row]) -> list[tuple[int, str, 
             if not (math.isnan(x) and math.isnan(y)) and not abs(x - y) <= 1e-9]  # fmt: skip
 
 
+def scorer_settings(stack: Stack) -> ScorerSettings:
+    """The settings the stack's scorer runs with (its rendered env, transformed)."""
+    env = transforms.workload_env(stack.layout, workloads.ABUSE_SCORER.name)
+    return ScorerSettings.model_validate(
+        {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
+    )
+
+
 @pytest.fixture(scope="module")
-def idem(stack: Stack) -> Iterator[RedisCluster]:
-    rc = clients.idem_store(stack.settings(), timeout=5.0)
+def store(stack: Stack) -> Iterator[RedisCluster]:
+    rc = clients.feature_store(scorer_settings(stack), timeout=5.0)
     yield rc
     rc.close()
 
@@ -66,29 +76,29 @@ def state_keys(rc: RedisCluster, prefix: str) -> list[str]:
     return out
 
 
-def test_shared_rows_equal_the_in_memory_rows_and_every_key_expires(idem: RedisCluster) -> None:
+def test_shared_rows_equal_the_in_memory_rows_and_every_key_expires(store: RedisCluster) -> None:
     likes = traffic(250, seed=5)
     want = features.Features().observe_many(likes)
     prefix = ns()
-    shared = SharedFeatures(idem, prefix)
+    shared = SharedFeatures(store, prefix)
     got: list[Row] = []
     for i in range(0, len(likes), 500):  # the scorer's batches
         got += shared.observe_many(likes[i : i + 500])
     assert mismatches(want, got) == []
     # bounded: every key expires within the horizon, so the state is what the last hour's likes
     # hold
-    found = state_keys(idem, prefix)
+    found = state_keys(store, prefix)
     assert len(found) > len({o.user_id for o in likes})
     for k in found:
-        ttl_ms = idem.pttl(k)
+        ttl_ms = store.pttl(k)
         assert 0 < ttl_ms <= features.HORIZON_S * 1000, (k, ttl_ms)
-    used = sum(idem.memory_usage(k) or 0 for k in found)
-    print(f"idem-store memory: {used / len(likes):.0f} B per like ({len(likes)} likes, "
+    used = sum(store.memory_usage(k) or 0 for k in found)
+    print(f"feature-store memory: {used / len(likes):.0f} B per like ({len(likes)} likes, "
           f"{len(found)} keys)")  # fmt: skip
 
 
 def test_two_replicas_seeing_alternate_likes_give_the_rows_of_one(
-    stack: Stack, idem: RedisCluster
+    stack: Stack, store: RedisCluster
 ) -> None:
     """Why the shared store exists: likes.committed is keyed by post, so two scorer replicas
     each read every other like of a user. Two SharedFeatures (each with its own client, as two
@@ -97,9 +107,9 @@ def test_two_replicas_seeing_alternate_likes_give_the_rows_of_one(
     likes = traffic(60, seed=8)
     want = features.Features().observe_many(likes)
     prefix = ns()
-    other = clients.idem_store(stack.settings(), timeout=5.0)
+    other = clients.feature_store(scorer_settings(stack), timeout=5.0)
     try:
-        replicas = (SharedFeatures(idem, prefix), SharedFeatures(other, prefix))
+        replicas = (SharedFeatures(store, prefix), SharedFeatures(other, prefix))
         got = [replicas[i % 2].observe_many([o])[0] for i, o in enumerate(likes)]
     finally:
         other.close()
@@ -110,13 +120,13 @@ def test_two_replicas_seeing_alternate_likes_give_the_rows_of_one(
     assert {"likes_1h", "since_previous_s", "subnet_users_1h"} <= wrong
 
 
-def test_observing_a_batch_again_counts_nothing_twice(idem: RedisCluster) -> None:
+def test_observing_a_batch_again_counts_nothing_twice(store: RedisCluster) -> None:
     """A held batch retried, or one a rebalance hands to another replica, is observed again:
     each like counts once (the likes after it get the rows of a single pass), and a retried
     like's pace is its first observation's."""
     likes = traffic(40, seed=9)
     half = len(likes) // 2
-    shared = SharedFeatures(idem, ns())
+    shared = SharedFeatures(store, ns())
     first = shared.observe_many(likes[:half])
     again = shared.observe_many(likes[:half])
     pace = set(features.FEATURE_NAMES[:4])
@@ -126,11 +136,36 @@ def test_observing_a_batch_again_counts_nothing_twice(idem: RedisCluster) -> Non
     assert mismatches(want[half:], rest) == []
 
 
-# -- the scorer with its idem-store unreachable ---------------------------------------------------
+def test_a_full_feature_store_evicts_instead_of_refusing(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The feature-store's policy (keys.EVICTION_POLICY, as the program and the local stack
+    configure it) on a 4 MB scratch cluster (an empty server holds ~1.7 MB; at 2 MB nothing is
+    left to evict and every write is refused) that the traffic overfills: every batch is
+    observed (none refused, nothing held), the store evicts, never answers OOM. Under the
+    idem-store's noeviction the same traffic fails the batches (FeatureStoreUnavailable)."""
+    small = ScratchCluster(
+        tmp_path_factory.mktemp("small-feature-store"), stack.redis_password, 4, "feature-store"
+    )
+    s = scorer_settings(stack).model_copy(update={"feature_store_nodes": small.address})
+    rc = clients.feature_store(s, timeout=5.0)
+    try:
+        shared = SharedFeatures(rc, ns())
+        likes = traffic(600, seed=11)
+        for i in range(0, len(likes), 500):
+            assert len(shared.observe_many(likes[i : i + 500])) == len(likes[i : i + 500])
+        assert small.evicted_keys() > 0, "the traffic never filled it: raise it or shrink it"
+        assert small.oom_errors() == 0
+    finally:
+        rc.close()
+        small.close()
+
+
+# -- the scorer with its feature-store unreachable ------------------------------------------------
 
 
 class Cut:
-    """TCP forwarders in front of the idem-store's nodes (the client reaches each node through
+    """TCP forwarders in front of the feature-store's nodes (the client reaches each node through
     one: redis-py's address_remap), which can cut every connection and refuse new ones: the
     store unreachable from the scorer alone, while the rest of the stack keeps it."""
 
@@ -201,8 +236,8 @@ def committed(s: ScorerSettings) -> dict[int, int]:
         c.close()
 
 
-def test_a_scorer_whose_idem_store_is_unreachable_defers_and_resumes(
-    stack: Stack, idem: RedisCluster
+def test_a_scorer_whose_feature_store_is_unreachable_defers_and_resumes(
+    stack: Stack, store: RedisCluster
 ) -> None:
     from services.abuse.main import build
 
@@ -212,6 +247,7 @@ def test_a_scorer_whose_idem_store_is_unreachable_defers_and_resumes(
     values = {k: v for k, v in values.items() if k in ScorerSettings.model_fields}
     scorer_env = transforms.workload_env(stack.layout, workloads.ABUSE_SCORER.name)
     values["abuse_model_target"] = scorer_env["LIKES_ABUSE_MODEL_TARGET"]
+    values["feature_store_nodes"] = scorer_env["LIKES_FEATURE_STORE_NODES"]
     s = ScorerSettings.model_validate({
         **values, "abuse_topic_prefix": prefix, "abuse_group_id": f"{prefix}abuse",
         "abuse_batch": 50, "abuse_retry_max_s": 0.5, "abuse_feature_store": "shared",
@@ -243,12 +279,17 @@ def test_a_scorer_whose_idem_store_is_unreachable_defers_and_resumes(
 
     cut = Cut()
     rc = RedisCluster(
-        startup_nodes=[ClusterNode(*cut.remap(n)) for n in s.idem_store_startup],
+        startup_nodes=[ClusterNode(*cut.remap(n)) for n in s.feature_store_startup],
         password=s.redis_auth, socket_timeout=1.0, socket_connect_timeout=1.0,
         decode_responses=True, cluster_error_retry_attempts=1, address_remap=cut.remap,
     )  # fmt: skip
     built = build(s)
     sc = built.scorer
+    # the scorer's shared features live in the feature-store; its storm watch in the store-store
+    assert isinstance(sc.features, SharedFeatures) and isinstance(sc.storms, scorer.StormWatch)
+    ports = {n.port for n in sc.features.rc.get_nodes()}
+    assert ports == set(stack.layout.ports.feature_store), ports
+    assert {n.port for n in sc.storms.rc.get_nodes()} == set(stack.layout.ports.idem_store)
     sc.features = SharedFeatures(rc, prefix)
     failures = metrics.DEPENDENCY_FAILURES.labels(scorer.FEATURE_STORE)
     try:
@@ -283,14 +324,14 @@ def test_a_scorer_whose_idem_store_is_unreachable_defers_and_resumes(
             per_user[o.user_id] = per_user.get(o.user_id, 0) + 1
         for user, n in per_user.items():
             likes_key, subs, ips, devs = keys.abuse_user_keys(prefix + user)
-            assert idem.zcard(likes_key) == n
+            assert store.zcard(likes_key) == n
             # the counts a second observation would inflate (a like's member is a set member,
             # its address, /24 and device counts are not)
             mine = [o for o in likes if o.user_id == user]
             with_ip = sum(1 for o in mine if o.client_ip)
-            assert sum(map(int, idem.hvals(ips))) == with_ip, user
-            assert sum(map(int, idem.hvals(subs))) == with_ip, user
-            assert sum(map(int, idem.hvals(devs))) == sum(1 for o in mine if o.device), user
+            assert sum(map(int, store.hvals(ips))) == with_ip, user
+            assert sum(map(int, store.hvals(subs))) == with_ip, user
+            assert sum(map(int, store.hvals(devs))) == sum(1 for o in mine if o.device), user
     finally:
         sc.consumer.close()
         built.close()

@@ -27,7 +27,9 @@ def test_every_proxy_fronts_a_server_of_the_stack_on_its_own_port(tmp_path: Path
     built = servers(layout)
     proxied = layout.proxies()
     # every Redis Cluster node, every broker and the Cassandra node; nothing else
-    expected = {n for n in built if n.startswith(("count-cache-", "idem-store-", "kafka-"))}
+    clusters = ("count-cache-", "idem-store-", "feature-store-")
+    expected = {n for n in built if n.startswith((*clusters, "kafka-"))}
+    assert {n for n in expected if n.startswith("feature-store-")}, "the feature-store's nodes"
     assert set(proxied) == expected | {"cassandra"}
     for name, (listen, upstream) in proxied.items():
         assert built[name].endswith(f":{upstream}"), (name, built[name], upstream)
@@ -42,7 +44,8 @@ def test_the_proxy_config_is_what_toxiproxy_starts_with(tmp_path: Path) -> None:
     specs = {s["name"]: s for s in toxiproxy.proxy_specs(layout)}
     assert specs["kafka-2"]["listen"] == f"127.0.0.1:{Ports(1000).kafka_broker_proxies[1]}"
     assert specs["kafka-2"]["upstream"] == f"127.0.0.1:{Ports(1000).kafka_brokers[1]}"
-    assert all(s["enabled"] for s in specs.values()) and len(specs) == 16
+    # 6 nodes of each Redis Cluster (count-cache, idem-store, feature-store), 3 brokers, Cassandra
+    assert all(s["enabled"] for s in specs.values()) and len(specs) == 3 * 6 + 3 + 1
 
 
 @pytest.mark.parametrize("faults", [True, False])

@@ -22,6 +22,7 @@ CONTRACT_HELPERS = ("clients", "etcd", "auth", "kafka", "registry", "flags")
 PROPERTIES = {
     "count_cache_startup": "count_cache_nodes",
     "idem_store_startup": "idem_store_nodes",
+    "feature_store_startup": "feature_store_nodes",
     "hot_pool_addresses": "hot_pools",
 }
 PORT_FIELDS = {port: host for host, port in workloads.SERVERS.items() if port}
