@@ -237,18 +237,20 @@ class ServicesConfig(_Model):
     )
     # one canary user per region: a second replica would flip the same likes
     canary: ServiceScale = ServiceScale(min_replicas=1, max_replicas=1, cpu="100m", memory_mi=256)
-    # One per region, for now. likes.committed is keyed by post, so each replica reads a share of
-    # every user's likes: with max_replicas > 1 the program renders the shared feature store (the
-    # features' state in the idem-store, services/abuse/shared_features.py), which computes the
-    # rows one process would, and the storm watch counts a user's voids in the idem-store
-    # whatever the process (services/abuse/scorer.StormWatch). Not lifted yet: the feature
-    # state's home. The idem-store never evicts and fails the writes' dedup closed when full, and
-    # the shared state is 152 B a like of the hour (prod-us's whole idem-store would hold ~70 K
-    # likes/s of it, under the seed's 93 K peak, with no room left for the idempotency keys it is
-    # sized for); and its script (an HVALS of the user's /24s and addresses per like) runs on the
-    # nodes the write path dedups every like on.
+    # likes.committed is keyed by post, so each scorer replica reads a share of every user's
+    # likes; with max_replicas > 1 the program renders the shared feature store
+    # (abuse_settings.feature_store_for), and the replicas rely on two shared things: the
+    # features' state in the feature-store (its own Redis Cluster, evicting when full:
+    # services/abuse/shared_features.py, likes:redis featureStore*), which gives the rows one
+    # process would, and the storm watch in the idem-store beside the degraded key the write
+    # path reads (services/abuse/scorer.StormWatch), which counts a user's voids whatever the
+    # replica. Sized for the seed's peak: one process scores ~1,550 likes/s with the shared
+    # store (bench/bench_abuse.py --feature-store shared), so 93 K likes/s needs ~60; max 64,
+    # which still gives every replica 4 of likes.committed's 256 prod partitions (a replica
+    # past the partition count would idle). min 2: a pod lost or rolled leaves one scoring.
+    # Staging (stacks/Pulumi.staging.yaml) runs a few, > 1, so the shared store is what it runs.
     abuse_scorer: ServiceScale = ServiceScale(
-        min_replicas=1, max_replicas=1, cpu="1", memory_mi=1024
+        min_replicas=2, max_replicas=64, cpu="1", memory_mi=1024
     )
     abuse_model: ContainerSize = ContainerSize(cpu="1", memory_mi=512)  # its sidecar
     # the abuse model's versions, shared by every scorer pod and by the training job that

@@ -267,9 +267,10 @@ def test_the_scorers_feature_store_follows_its_replica_bound(
 ) -> None:
     """likes.committed is keyed by post: two scorer replicas each read a share of every user's
     likes, and in-process features would see half a bot's pace. The program renders the store
-    from max_replicas, never from a second switch: a scorer pinned to one replica (every stack
-    today, infra/config.py says why) keeps its features in memory; one the HPA may scale past
-    one reads the shared store, through its own settings class's env name."""
+    from max_replicas, never from a second switch: a scorer pinned to one replica keeps its
+    features in memory; one the HPA may scale past one reads the shared store, through its own
+    settings class's env name. Every stack scales it now (infra/config.py says to what), so
+    every stack runs the shared store, and no replica past the source topic's partitions."""
     w = workloads.ABUSE_SCORER
     name = w.settings_class().env_name("abuse_feature_store")
 
@@ -289,6 +290,8 @@ def test_the_scorers_feature_store_follows_its_replica_bound(
         ), stack
         assert rendered(cfg, 2, 4) == "shared", stack
         assert rendered(cfg, 1, 1) == "memory", stack
+        assert program.workload_env(cfg, {}, [])[w.name][name] == "shared", stack
+        assert 2 <= scale.min_replicas <= scale.max_replicas <= cfg.kafka.partitions, stack
 
 
 def _cli_command(argv: list[str]) -> tuple[Callable[..., Any], dict[str, Any]]:
