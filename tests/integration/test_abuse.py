@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infra import alert_rules
 from infra import observability as obs
+from local import transforms
 from services.client import LikesClient
 from services.contracts import clients, convergence, degrade, events, routes, signals, workloads
 from services.contracts import kafka as kafka_contract
@@ -227,6 +228,9 @@ def test_a_scorer_whose_waiting_batch_is_revoked_is_ready_again(stack: Stack) ->
     env = stack.workload_env("read")  # the shared settings; the scorer's own are defaulted
     values = {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
     values = {k: v for k, v in values.items() if k in ScorerSettings.model_fields}
+    # the feature-store's seeds: the scorer's alone (the read service is not told them)
+    own = transforms.workload_env(stack.layout, workloads.ABUSE_SCORER.name)
+    values["feature_store_nodes"] = own["LIKES_FEATURE_STORE_NODES"]
     s = ScorerSettings.model_validate({
         **values, "abuse_group_id": f"test-revoke-{uuid.uuid4().hex[:8]}",
         "abuse_model_target": "127.0.0.1:1", "abuse_model_timeout_s": 0.5,  # nothing listens
