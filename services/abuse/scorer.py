@@ -59,7 +59,8 @@ log = logging.getLogger("abuse.scorer")
 MODEL = "model"
 EDGE_STORE = "edge-store"
 FEATURE_STORE = "feature-store"  # the shared feature state's Redis Cluster (infra/redis.py)
-DEPENDENCIES = (MODEL, EDGE_STORE, FEATURE_STORE)
+IDEM_STORE = "idem-store"  # the storm watch, beside the degraded list the write path reads
+DEPENDENCIES = (MODEL, EDGE_STORE, FEATURE_STORE, IDEM_STORE)
 for _dep in DEPENDENCIES:  # bound at start: "no failure" reads 0, not "No data"
     metrics.DEPENDENCY_FAILURES.labels(_dep)
 
@@ -263,6 +264,7 @@ class Scorer:
         except (ModelUnavailable, Unavailable, FeatureStoreUnavailable) as e:
             dep = (MODEL if isinstance(e, ModelUnavailable)
                    else FEATURE_STORE if isinstance(e, FeatureStoreUnavailable)
+                   else IDEM_STORE if e.dependency == IDEM_STORE
                    else EDGE_STORE)  # fmt: skip
             if self.held is None:
                 self.consumer.pause(self.assigned)
@@ -339,7 +341,7 @@ class Scorer:
                     [(e.user_id, e.intent_uuid, e.occurred_at / 1000) for e in done]
                 )
             except clients.REDIS_ERRORS as exc:  # the voids stand; the retry counts them again
-                failed = failed or Unavailable("idem-store", str(exc))
+                failed = failed or Unavailable(IDEM_STORE, str(exc))
             else:
                 for e, now in zip(done, degraded, strict=True):
                     if now:

@@ -158,3 +158,40 @@ def test_a_replayed_void_reaches_the_storm_watch_and_a_void_not_done_does_not() 
     scorer(Voider(), storms)._score_and_void(held)
     ids = {e.user_id: (e.user_id, e.intent_uuid, e.occurred_at / 1000) for e, _ in held.likes}
     assert storms.voids == [ids["bot"], ids["again"]]
+
+
+def test_a_storm_watch_that_cannot_reach_the_idem_store_holds_the_batch_as_the_idem_stores() -> (
+    None
+):
+    """The storm watch lives in the idem-store: its failure holds the batch (the retry counts
+    the same voids again, harmlessly) and is the idem-store's, in the dependency metric and in
+    readiness, not the edge-store's the voids were written to."""
+    import redis
+
+    from services.abuse import metrics
+    from services.abuse import scorer as scorer_mod
+
+    class Down(Storms):
+        def voided_many(self, voids: Sequence[tuple[str, str, float]]) -> list[bool]:
+            raise redis.exceptions.ConnectionError("idem-store unreachable (test)")
+
+    class Voider(PerLike):
+        def void(self, e: events.LikeEvent, version: str, score: float) -> Result:
+            return Result(True, "voided")
+
+    class Consumer:  # the Kafka consumer's pause/resume, which a held batch calls
+        def pause(self, partitions: Any) -> None:
+            self.paused = True
+
+    def failures(dep: str) -> float:
+        return metrics.DEPENDENCY_FAILURES.labels(dep)._value.get()
+
+    sc = scorer(Voider(), Down())
+    sc.consumer = Consumer()  # type: ignore[assignment]
+    before = {d: failures(d) for d in scorer_mod.DEPENDENCIES}
+    held = batch([("bot", 0.9)])
+    sc._finish(held)
+    assert sc.held is held and sc.consumer.paused  # type: ignore[attr-defined]
+    grew = {d for d in scorer_mod.DEPENDENCIES if failures(d) > before[d]}
+    assert grew == {scorer_mod.IDEM_STORE}
+    assert sc.loop.waiting_for == scorer_mod.IDEM_STORE
