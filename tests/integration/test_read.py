@@ -492,6 +492,53 @@ def test_a_killed_count_cache_primary_reads_stay_200_through_the_failover(
 
 
 @pytest.mark.disruptive
+def test_a_hung_count_cache_primary_is_a_fall_through_and_its_connection_recovers(
+    client: TestClient, stack: Stack, rc: RedisCluster, cql: Session
+) -> None:
+    """A primary that stops answering (SIGSTOP: the socket stays open, nothing comes back) while
+    a read waits on it. The count-cache client has no socket timeout of its own (stores.py:
+    the read's deadline per dependency call bounds it): the read still answers 200 from the
+    counter-store, and once the node answers again the next reads are the aggregate's, on a
+    connection redis-py replaced (the cancelled one held a reply that never came). Stopped for
+    less than the cluster's node timeout, so no failover moves the slot meanwhile."""
+    import os
+    import signal
+    import threading
+
+    post = uid("hung")
+    key = keys.count_key(post)
+    seed_aggregate(rc, post, 13)
+    seed_cells(cql, post, [("local", 0, 13, {"like": 13})])  # the fall-through agrees
+    pid = int(stack.status()[node_name(stack, rc, key)]["pid"])
+    assert client.get(f"/v1/posts/{post}/likes").headers["x-read-tier"] == "aggregate"
+    answers: list[Any] = []
+
+    def read() -> None:
+        answers.append(client.get(f"/v1/posts/{post}/likes"))
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(CLUSTER_NODE_TIMEOUT_MS / 1000 * 0.75)  # well past the read's 0.5 s deadline
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    t.join(30)
+    assert answers, "the read waited on the hung node past its deadline"
+    (r,) = answers
+    assert r.status_code == 200 and r.json()["count"] == 13, r.text
+    assert r.headers["x-read-tier"] == "counter_store"
+    tiers: list[str] = []
+    deadline = time.monotonic() + 15  # the count-cache breaker's cooldown, then its trial
+    while time.monotonic() < deadline and tiers[-3:] != ["aggregate"] * 3:
+        r = client.get(f"/v1/posts/{post}/likes")
+        assert r.status_code == 200 and r.json()["count"] == 13, r.text
+        tiers.append(r.headers["x-read-tier"])
+        time.sleep(0.1)
+    assert tiers[-3:] == ["aggregate"] * 3, tiers
+
+
+@pytest.mark.disruptive
 def test_cassandra_stopped_reads_stay_200(
     client: TestClient, settings: Settings, stack: Stack, rc: RedisCluster, cql: Session
 ) -> None:
