@@ -126,7 +126,7 @@ def test_prometheus_scrapes_exactly_what_the_program_annotates_and_all_is_up(
     } <= expected["pods"]
     # the abuse model server, the scorer's sidecar, by its container port's name
     assert expected[observability.SIDECAR_JOB] == {f"{host}:{ports.abuse_model_ops}"}
-    redis_ports = (*ports.count_cache, *ports.idem_store, *ports.hot_pools)
+    redis_ports = (*ports.count_cache, *ports.idem_store, *ports.feature_store, *ports.hot_pools)
     assert expected[exporters.REDIS_JOB] == {f"redis://{host}:{p}" for p in redis_ports}
 
     def all_up() -> dict[str, dict[str, str]] | None:

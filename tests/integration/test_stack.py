@@ -47,6 +47,7 @@ def test_up_from_nothing_brings_every_component_up_healthy(stack: Stack) -> None
         *(f"hot-pool-{i}" for i in range(1, 5)),
         *(f"count-cache-{i}" for i in range(1, 7)),
         *(f"idem-store-{i}" for i in range(1, 7)),
+        *(f"feature-store-{i}" for i in range(1, 7)),
         *(f"kafka-{i}" for i in range(1, stack.layout.kafka_brokers + 1)),
     }  # fmt: skip
     assert set(status) == expected
