@@ -16,6 +16,7 @@ from services.contracts import etcd
 console = Console()
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 YesOpt = typer.Option(False, "--yes", "-y", help="do not ask for confirmation")
+CALL_TIMEOUT_S = 5.0  # each call; the login may take etcd.LOGIN_TIMEOUT_S (a member just restarted)
 
 
 class EtcdError(Exception):
@@ -27,9 +28,9 @@ async def _with_etcd(fn: Any) -> Any:
         s = stack_settings.platform_settings()
     except (ValueError, stack_settings.NoSettings) as e:
         raise EtcdError(str(e)) from e
-    client = etcd.from_settings(s, timeout=2.0)
+    client = etcd.from_settings(s, timeout=CALL_TIMEOUT_S)
     try:
-        return await fn(client)
+        return await fn(await etcd.connected(client))
     except Exception as e:
         raise EtcdError(f"etcd {s.etcd_host}:{s.etcd_port}: {e!r}") from e
     finally:

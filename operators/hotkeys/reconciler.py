@@ -120,7 +120,7 @@ class Reconciler:
                 self.timeout_s,
                 self.etcd_ca_file,
             )
-        return self._etcd
+        return await etcd.connected(self._etcd)  # a login has its own, longer deadline
 
     async def _prefix(self, prefix: str) -> dict[str, bytes]:
         client = await self._client()

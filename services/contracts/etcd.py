@@ -41,44 +41,82 @@ def credentials(settings: Settings) -> Credentials | None:
     return Credentials(settings.etcd_user, settings.etcd_password.get_secret_value())
 
 
-class TlsClient(aetcd.Client):
-    """aetcd 1.0.0 (the newest release) dials only insecure channels. This is its `connect`
-    with the channel opened over TLS (verified against `ca_file`, the server's name included);
-    the rest is aetcd's own, step for step (login, stubs, watcher)."""
+LOGIN_TIMEOUT_S = 10.0
+"""How long a login may take. A login is a TLS handshake and a bcrypt compare on the member:
+about 90 ms here when idle, 1.4-2 s with etcd at a twentieth of a core (a restart among JVMs
+starting on a loaded 2-core machine). Under a poll's own 1 s deadline such a login was abandoned
+and asked again a second later, and never finished: every workload kept its last good view and
+`likes flags` timed out, minutes after etcd was back (CI, 2026-12-06). Polls stay short; only the
+login gets this long."""
 
-    def __init__(self, *args: Any, ca_file: str, **kwargs: Any) -> None:
+
+class Client(aetcd.Client):
+    """aetcd's client with its `connect` replaced: over TLS when `ca_file` names the CA (aetcd
+    1.0.0, the newest release, dials only insecure channels), and one login at a time under
+    LOGIN_TIMEOUT_S, not the per-call timeout. The login runs as its own task: a caller whose
+    deadline passes stops waiting, the login goes on, and the next call waits for that same
+    login instead of starting another. The rest is aetcd's own, step for step (stubs, watcher)."""
+
+    def __init__(
+        self, *args: Any, ca_file: str | None = None, login_timeout: float = LOGIN_TIMEOUT_S,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
-        self._tls = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
+        self._tls = (
+            grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
+            if ca_file
+            else None
+        )
+        self._login_timeout = login_timeout
+        self._login: asyncio.Future[None] | None = None
 
     async def connect(self) -> None:
         if self._connected.is_set():
             return
-        if self._is_connecting:  # type: ignore[has-type]
-            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
-            return
+        if self._login is None or self._login.done():  # none yet, or the last one failed
+            self._login = asyncio.ensure_future(self._open())
+        await asyncio.shield(self._login)
+
+    async def _open(self) -> None:
+        target = f"{self._host}:{self._port}"
+        options = self._options.items()
+        channel = (
+            rpc.secure_channel(target, self._tls, options=options)
+            if self._tls is not None
+            else rpc.insecure_channel(target, options=options)
+        )
+        metadata = None
         try:
-            self._is_connecting = True
-            target = f"{self._host}:{self._port}"
-            self.channel = rpc.secure_channel(target, self._tls, options=self._options.items())
             if self._username is not None and self._password is not None:
-                self.auth_stub = rpc.AuthStub(self.channel)
                 req = rpc.AuthenticateRequest(name=self._username, password=self._password)
                 try:
-                    resp = await self.auth_stub.Authenticate(req, timeout=self._timeout)
+                    resp = await rpc.AuthStub(channel).Authenticate(
+                        req, timeout=self._login_timeout
+                    )
                 except rpc.AioRpcError as e:
                     aetcd_exceptions._handle_exception(e)  # raises aetcd's own error type
                     raise
-                self.metadata = (("token", resp.token),)
-            self.kvstub = rpc.KVStub(self.channel)
-            self.clusterstub = rpc.ClusterStub(self.channel)
-            self.leasestub = rpc.LeaseStub(self.channel)
-            self.maintenancestub = rpc.MaintenanceStub(self.channel)
-            self._watcher = aetcd_watcher.Watcher(
-                rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
-            )
-            self._connected.set()
-        finally:
-            self._is_connecting = False
+                metadata = (("token", resp.token),)
+        except BaseException:
+            await channel.close()
+            raise
+        self.channel, self.metadata = channel, metadata
+        self.auth_stub = rpc.AuthStub(channel)
+        self.kvstub = rpc.KVStub(channel)
+        self.clusterstub = rpc.ClusterStub(channel)
+        self.leasestub = rpc.LeaseStub(channel)
+        self.maintenancestub = rpc.MaintenanceStub(channel)
+        self._watcher = aetcd_watcher.Watcher(
+            rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata
+        )
+        self._connected.set()
+
+    async def close(self) -> None:
+        login, self._login = self._login, None
+        if login is not None and not login.done():
+            login.cancel()
+            await asyncio.wait({login})
+        await super().close()
 
 
 def client(
@@ -87,21 +125,26 @@ def client(
     creds: Credentials | None,
     timeout: float,
     ca_file: str | None = None,
-) -> aetcd.Client:
-    """A client that logs in on connect (over TLS when `ca_file` names the platform's CA). etcd
-    drops its token when the user's password is rewritten (the auth Job rotating it) and after
-    5 idle minutes: every caller drops its client on an error and connects again, which logs in
-    anew."""
-    kwargs: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "username": creds.user if creds else None,
-        "password": creds.password if creds else None,
-        "timeout": timeout,  # aetcd annotates int; grpc takes a float
-    }
-    if ca_file:
-        return TlsClient(**kwargs, ca_file=ca_file)
-    return aetcd.Client(**kwargs)
+) -> Client:
+    """A client that logs in on connect (over TLS when `ca_file` names the platform's CA); each
+    call's deadline is `timeout`, the login's LOGIN_TIMEOUT_S. etcd drops its token when the
+    user's password is rewritten (the auth Job rotating it) and after 5 idle minutes: every
+    caller drops its client on an error and connects again, which logs in anew."""
+    return Client(
+        host=host,
+        port=port,
+        username=creds.user if creds else None,
+        password=creds.password if creds else None,
+        timeout=timeout,  # aetcd annotates int; grpc takes a float
+        ca_file=ca_file,
+    )
+
+
+async def connected(c: aetcd.Client) -> aetcd.Client:
+    """`c`, logged in: wait up to LOGIN_TIMEOUT_S for its login, then each call has its own
+    (short) deadline. A poller calls this before the call it times."""
+    await asyncio.wait_for(c.connect(), LOGIN_TIMEOUT_S)
+    return c
 
 
 STOP_WAIT_S = 5.0  # a shutdown waits this long at most for a poll to end, and for a close

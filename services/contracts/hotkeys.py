@@ -207,9 +207,8 @@ class PrefixView(Generic[T]):
             self._client = etcd.client(
                 self.host, self.port, self.credentials, self.timeout_s, self.ca_file
             )
-        result = await asyncio.wait_for(
-            self._client.get_prefix(self.prefix.encode()), self.timeout_s
-        )
+        client = await etcd.connected(self._client)  # a login has its own, longer deadline
+        result = await asyncio.wait_for(client.get_prefix(self.prefix.encode()), self.timeout_s)
         out: dict[str, T] = {}
         for kv in result:
             v = self.decode(kv.value)

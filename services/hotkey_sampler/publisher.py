@@ -86,6 +86,7 @@ class EtcdPublisher:
             self._client = etcd.client(
                 self.host, self.port, self.credentials, self.timeout_s, self.ca_file
             )
+        await etcd.connected(self._client)  # a login has its own, longer deadline
         if self._lease is None:
             self._lease = await self._client.lease(self.lease_ttl_s)
             self._refreshed = time.monotonic()

@@ -135,7 +135,8 @@ class EtcdHeat:
                 self.host, self.port, self.credentials, self.timeout_s, self.ca_file
             )
         prefix = keys.HEAT_PREFIX.encode()
-        result = await asyncio.wait_for(self._client.get_prefix(prefix), self.timeout_s)
+        client = await etcd.connected(self._client)  # a login has its own, longer deadline
+        result = await asyncio.wait_for(client.get_prefix(prefix), self.timeout_s)
         hints: dict[str, str] = {}
         for kv in result:
             post_id = kv.key[len(prefix) :].decode(errors="replace")

@@ -941,8 +941,7 @@ def test_the_etcd_client_logs_in_with_the_rendered_user_and_password(
     w: workloads.Workload,
 ) -> None:
     s = build_settings(w, likes_env(container_of(plans[stack], w)))
-    monkeypatch.setattr(etcd.aetcd, "Client", _RecordingEtcd)
-    monkeypatch.setattr(etcd, "TlsClient", _RecordingEtcd)
+    monkeypatch.setattr(etcd, "Client", _RecordingEtcd)
     kw = etcd.from_settings(s, timeout=1.0).kwargs  # type: ignore[attr-defined]
     assert kw.get("ca_file") == tls.CA_FILE  # the program's etcd serves TLS (infra/etcd.py)
     assert (kw["username"], kw["password"]) == (etcd.SERVICE_USER, DUMMY_SECRET)

@@ -4,6 +4,7 @@ an etcd outage, and lets go when it is lifted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -12,15 +13,18 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from aetcd import rpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli import runbook
+from local import transforms
 from operators.hotkeys.local_loop import POLICY_KEY
 from services.client import LikesClient
-from services.contracts import flags, hotkeys, keys, routes, workloads
+from services.contracts import etcd, flags, hotkeys, keys, routes, workloads
 from services.contracts import metrics as metric_names
 from services.read.heat import COLD_TTL_S, HOT_TTL_S
 from tests.conftest import Stack
+from tests.integration import faults
 from tests.integration.test_hotkeys import POLICY, etcd_get, etcd_put
 
 pytestmark = [pytest.mark.stack, pytest.mark.disruptive]
@@ -217,3 +221,60 @@ def test_schema_cache_flush_drops_the_writer_and_aggregator_caches(
     flags_cli(stack, "set", "schema-cache-flush", "off", "--yes")
     time.sleep(2.0)
     assert flushes() == {w: before[w] + 1 for w in before}  # off flushes nothing
+
+
+def _logins(stack: Stack) -> float:
+    """Logins etcd has granted (its gRPC server's count of Authenticate calls answered OK)."""
+    text = httpx.get(f"http://{stack.host}:{stack.layout.ports.etcd_metrics}/metrics").text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "grpc_server_handled_total"
+        and s.labels.get("grpc_method") == "Authenticate"
+        and s.labels.get("grpc_code") == "OK"
+    )
+
+
+def _forget_every_login(stack: Stack) -> None:
+    """Rewrite the services' password with its own value, as root: etcd then refuses every token
+    it gave the workloads (as after a restart, or the auth Job rotating the password), so each
+    must log in again."""
+
+    async def rewrite() -> None:
+        root = transforms.stack_secrets(stack.layout)[transforms.ETCD_ROOT]
+        creds = etcd.Credentials(etcd.ROOT_USER, root)
+        c = etcd.client(stack.host, stack.etcd_port, creds, 30.0, stack.ca_file)
+        try:
+            await c.connect()
+            same = rpc.AuthUserChangePasswordRequest(
+                name=etcd.SERVICE_USER, password=stack.etcd_credentials.password
+            )
+            await c.auth_stub.UserChangePassword(same, timeout=30.0, metadata=c.metadata)
+        finally:
+            await c.close()
+
+    asyncio.run(rewrite())
+
+
+def test_switches_reach_every_workload_while_a_starved_etcd_makes_each_log_in_again(
+    stack: Stack, lifted: None
+) -> None:
+    """etcd runs 10 ms of every 200 (a member among JVMs starting on a loaded machine): a login,
+    a TLS handshake and a bcrypt compare, takes 1.4-2 s there; a poll a few ms. Every workload
+    must log in again and then see a switch on-call sets with the CLI. With the login under the
+    poll's own 1 s deadline, no workload logged in again (CI, 2026-12-06: three flag tests
+    failed after an etcd restart), and the CLI, at 2 s, timed out."""
+    pid = int(stack.status()["etcd"]["pid"])
+    before = _logins(stack)
+    with faults.stop_the_world_pauses(pid, pause_s=0.19, run_s=0.01):
+        _forget_every_login(stack)
+        flags_cli(stack, "set", "panic", "on", "--yes", "--reason", "starved etcd")
+        for w in HONORING:
+            wait_for(lambda w=w: "panic" in engaged(stack, w), f"{w.name} sees panic", 90)
+        relogged = _logins(stack) - before
+        flags_cli(stack, "unset", "panic", "--yes")
+        for w in HONORING:
+            wait_for(lambda w=w: not engaged(stack, w), f"{w.name} lets panic go", 90)
+    # each workload did log in again: the root's, the CLI's and theirs
+    assert relogged >= 2 + len(HONORING), relogged
