@@ -9,8 +9,11 @@ region its cells carry).
 from __future__ import annotations
 
 import os
+from typing import TypeVar
 
-from services.contracts import settings
+from services.contracts import settings, workloads
+
+S = TypeVar("S", bound=settings.Settings)
 
 
 class NoSettings(Exception):
@@ -19,11 +22,22 @@ class NoSettings(Exception):
 
 def platform_settings() -> settings.Settings:
     """ValueError: a bad or unknown LIKES_* variable; NoSettings: nothing to reach."""
-    Settings, prefix = settings.Settings, settings.PREFIX
-    if any(k.startswith(prefix) and k not in settings.TOOLING_VARS for k in os.environ):
+    return workload_settings(settings.Settings, workloads.AGGREGATOR)
+
+
+def in_environment() -> bool:
+    """The LIKES_* variables name the stores (a shell in a deployed environment)."""
+    prefix = settings.PREFIX
+    return any(k.startswith(prefix) and k not in settings.TOOLING_VARS for k in os.environ)
+
+
+def workload_settings(kind: type[S], workload: workloads.Workload) -> S:
+    """`kind` read from the LIKES_* variables, or else from the env the local stack gives
+    `workload` (a store only some workloads reach, such as the abuse scorer's feature-store)."""
+    Settings, prefix = kind, settings.PREFIX
+    if in_environment():
         return Settings()
     from local import layout, transforms
-    from services.contracts import workloads
 
     lay = layout.from_env()
     if not lay.home.exists():
@@ -31,7 +45,7 @@ def platform_settings() -> settings.Settings:
             f"no LIKES_* settings and no local stack at {lay.home}: set the LIKES_* variables of "
             "the environment to check, or start the local stack (`likes local up`)"
         )
-    env = transforms.workload_env(lay, workloads.AGGREGATOR.name)
+    env = transforms.workload_env(lay, workload.name)
     fields = Settings.model_fields
     values = {k.removeprefix(prefix).lower(): v for k, v in env.items()}
     return Settings.model_validate({k: v for k, v in values.items() if k in fields})

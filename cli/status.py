@@ -2,9 +2,10 @@
 
 One screen per view, read from the stores themselves (not from Prometheus, which may be what is
 broken): consumer lag per group and partition (as the consumer-lag exporter reads it), the
-count-cache and idem-store clusters' nodes, Kafka's partitions with their leaders and in-sync
-replicas, Cassandra's nodes as the driver sees them, etcd's members. Each view lists what it
-found wrong under `problems`; the command exits 1 when any did, 2 when it could not run.
+nodes of the Redis Clusters (count-cache, idem-store, feature-store), Kafka's partitions with
+their leaders and in-sync replicas, Cassandra's nodes as the driver sees them, etcd's members.
+Each view lists what it found wrong under `problems`; the command exits 1 when any did, 2 when
+it could not run.
 Connection settings: cli/stack_settings.py (the LIKES_* variables, or the local stack).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -96,14 +98,31 @@ def _redis_nodes(name: str, rc: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, problems
 
 
-def _cache(s: settings_mod.Settings) -> View:
-    from services.contracts import clients
+def _clusters(s: settings_mod.Settings) -> dict[str, Callable[[], Any]]:
+    """The Redis Clusters to look at: each one's client. The feature-store only the abuse
+    scorer reaches, so its nodes come from the scorer's env (in a deployed shell: from
+    LIKES_FEATURE_STORE_NODES, when set)."""
+    from services.contracts import clients, workloads
 
+    found: dict[str, Callable[[], Any]] = {
+        "count-cache": lambda: clients.count_cache(s, timeout=TIMEOUT_S),
+        "idem-store": lambda: clients.idem_store(s, timeout=TIMEOUT_S),
+    }
+    nodes = settings_mod.FeatureStoreSettings.env_name("feature_store_nodes")
+    if not stack_settings.in_environment() or nodes in os.environ:
+        fs = stack_settings.workload_settings(
+            settings_mod.FeatureStoreSettings, workloads.ABUSE_SCORER
+        )
+        found["feature-store"] = lambda: clients.feature_store(fs, timeout=TIMEOUT_S)
+    return found
+
+
+def _cache(s: settings_mod.Settings) -> View:
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
-    for name, make in (("count-cache", clients.count_cache), ("idem-store", clients.idem_store)):
+    for name, make in _clusters(s).items():
         try:
-            rc = make(s, timeout=TIMEOUT_S)
+            rc = make()
         except Exception as e:  # no node of the cluster answered
             problems.append(f"{name}: unreachable ({type(e).__name__}: {e})")
             continue

@@ -27,8 +27,9 @@ def test_every_view_reads_its_store_and_a_lost_replica_is_a_problem(stack: Stack
     assert set(views) == {"lag", "cache", "kafka", "cassandra", "etcd"}
     stores = ("cache", "kafka", "cassandra", "etcd")  # lag is what earlier tests left behind
     assert {v: views[v]["problems"] for v in stores} == {v: [] for v in stores}
-    cache = [r for r in views["cache"]["rows"] if r["store"] == "count-cache"]
-    assert sorted(r["role"] for r in cache) == ["master"] * 3 + ["slave"] * 3
+    for store in ("count-cache", "idem-store", "feature-store"):  # every Redis Cluster
+        nodes = [r for r in views["cache"]["rows"] if r["store"] == store]
+        assert sorted(r["role"] for r in nodes) == ["master"] * 3 + ["slave"] * 3, store
     committed = [r for r in views["kafka"]["rows"] if r["topic"] == events.COMMITTED]
     assert committed and all(len(r["isr"]) == len(r["replicas"]) == 3 for r in committed)
     assert [r["up"] for r in views["cassandra"]["rows"]] == [True]
