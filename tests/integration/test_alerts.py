@@ -448,12 +448,15 @@ def test_a_slow_then_paused_cassandra_fires_each_alert_it_implies_and_all_resolv
     )
 
 
-def _count_cache_primary(stack: Stack) -> redis.Redis:
-    for port in stack.layout.ports.count_cache:
+def _node(stack: Stack, ports: list[int], role: str) -> tuple[int, redis.Redis]:
+    """A node of the Redis Cluster on `ports` in `role` (Redis's "master" or "slave"): its
+    index there and a client."""
+    for i, port in enumerate(ports):
         r = redis.Redis(host=stack.host, port=port, password=stack.redis_password)
-        if r.info("replication")["role"] == "master":
-            return r
-    raise AssertionError("the count-cache has no primary")
+        if r.info("replication")["role"] == role:
+            return i, r
+        r.close()
+    raise AssertionError(f"no {role} among {ports}")
 
 
 def test_independent_outages_fire_their_alerts_and_resolve(stack: Stack) -> None:
@@ -464,7 +467,7 @@ def test_independent_outages_fire_their_alerts_and_resolve(stack: Stack) -> None
     drops what it could not export once its retries run out), and over a thousand poison
     messages reach the DLQ in a (scaled) day. That page resolves when they leave the day's
     window, 24 local minutes on: promtool tests that side (infra/rules/likes.rules.test.yml)."""
-    primary = _count_cache_primary(stack)
+    primary = _node(stack, stack.layout.ports.count_cache, "master")[1]
     stop, hot = threading.Event(), threading.Event()
 
     def hammer() -> None:  # thousands of commands a second on one primary, none on the others
@@ -535,15 +538,6 @@ def test_independent_outages_fire_their_alerts_and_resolve(stack: Stack) -> None
     assert growth["labels"]["severity"] == alert_rules.SEVERITY_PAGE
 
 
-def _a_replica(stack: Stack, ports: list[int]) -> tuple[int, redis.Redis]:
-    """A replica node of the Redis Cluster on `ports`: its index there and a client."""
-    for i, port in enumerate(ports):
-        r = redis.Redis(host=stack.host, port=port, password=stack.redis_password)
-        if r.info("replication")["role"] == "slave":
-            return i, r
-    raise AssertionError(f"no replica among {ports}")
-
-
 def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack: Stack) -> None:
     """Five more independent faults at once: the relay hangs whole (SIGSTOP: no replica
     reports its shard leases), the lag exporter stops (consumer lag unknown, not zero), a
@@ -555,8 +549,9 @@ def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack
     counter-store. The idem-store node is a replica, which applies its primary's writes past
     its maxmemory, so no like is refused meanwhile."""
     relay = int(stack.status()[workloads.OUTBOX_RELAY.name]["pid"])
-    replica = f"count-cache-{_a_replica(stack, stack.layout.ports.count_cache)[0] + 1}"
-    idem_replica = _a_replica(stack, stack.layout.ports.idem_store)[1]
+    replica_index = _node(stack, stack.layout.ports.count_cache, "slave")[0]
+    replica = f"count-cache-{replica_index + 1}"
+    idem_replica = _node(stack, stack.layout.ports.idem_store, "slave")[1]
     env = stack.workload_env(workloads.CANARY.name)
     settings = CanarySettings.model_validate(
         {k.removeprefix("LIKES_").lower(): v for k, v in env.items()}
