@@ -1001,6 +1001,7 @@ ABUSE_MODEL_ERRORS = "AbuseModelErrors"
 # the share of Score calls the model server refuses (any code but OK) that files a ticket: a
 # scorer and a model of different builds (INVALID_ARGUMENT), a server with no model (UNAVAILABLE)
 ABUSE_MODEL_REFUSED_RATIO = 0.05
+ABUSE_MODEL_MAX_AGE_S = workloads.MODEL_MAX_AGE_S  # older than this since training: stale
 # a ring, not a lone bot: the write path already holds each degraded account to a like a minute
 ABUSE_STORM_ACCOUNTS = 5
 ABUSE_STORM_WINDOW = "10m"  # services/contracts/degrade.py STORM_WINDOW_S
@@ -1011,7 +1012,8 @@ def abuse_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     stopped scoring (its model or a store away, its loop hung, no replica) files them a ticket,
     since the likes it misses meanwhile are voided once it scores again (counts stay exact); so
     does a model server that refuses Score calls or cannot load the version published as
-    current (a bad publish: the previous version serves on)."""
+    current (a bad publish: the previous version serves on), or serves one older than
+    workloads.MODEL_MAX_AGE_S (the weekly publish did not happen)."""
     up = f'up{{{WORKLOAD_LABEL}="{ABUSE_SCORER}"}}'
     common: dict[str, Any] = {"service": ABUSE_SCORER, "team": ABUSE_TEAM,
                               "runbook_base": runbook_base}  # fmt: skip
@@ -1094,6 +1096,19 @@ def abuse_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
             description=(
                 "current names {{ $labels.version }}, which the model servers cannot load: "
                 "they serve the version they had (or nothing, after a restart)."
+            ),
+            **model_errors,
+        ),
+        _alert(
+            ABUSE_MODEL_ERRORS,
+            f"time() - min({metric_names.ABUSE_MODEL_TRAINED}) > {ABUSE_MODEL_MAX_AGE_S}",
+            for_="30m",
+            reason="stale",
+            summary="The abuse model serving is older than a week and a day",
+            description=(
+                "A model server serves a version trained {{ $value | humanizeDuration }} ago: "
+                "the weekly publishing job failed, or its gate refused what it trained. The "
+                "model still scores; it learns nothing new."
             ),
             **model_errors,
         ),

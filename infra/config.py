@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from services.contracts.workloads import MODEL_MAX_AGE_S
+
 NAMESPACE = "likes"
 # Keys whose values must be Pulumi config secrets (`pulumi config set --secret`).
 SECRET_FIELDS = frozenset(
@@ -264,6 +266,26 @@ class ServicesConfig(_Model):
     # ~400 MiB at the default 4000 users; minutes on one core (OMP threads follow the limit)
     abuse_model_publish: ContainerSize = ContainerSize(cpu="1", memory_mi=1024)
     operator_image: str
+
+    @field_validator("abuse_model_publish_schedule")
+    @classmethod
+    def _publishes_weekly(cls, value: str) -> str:
+        if not runs_weekly(value):
+            raise ValueError(
+                f"{value!r} publishes less often than weekly: AbuseModelErrors (reason stale) "
+                f"files a ticket once the model serving is {MODEL_MAX_AGE_S // 86_400} days old"
+            )
+        return value
+
+
+def runs_weekly(schedule: str) -> bool:
+    """A cron schedule that fires at least once in every week: a macro of a week or less, or
+    every month with every day of the month, or with some days of the week (cron fires on
+    either of the two day fields when both are set)."""
+    if schedule.startswith("@"):
+        return schedule in ("@weekly", "@daily", "@midnight", "@hourly")
+    _minute, _hour, dom, month, dow = schedule.split()
+    return month == "*" and (dom in ("*", "?") or dow not in ("*", "?"))
 
 
 HttpUrl = Annotated[str, Field(pattern=r"^https?://")]

@@ -55,6 +55,7 @@ SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
 )  # fmt: skip
 SERVING = Gauge(names.ABUSE_MODEL_SERVING, "1 for the model version being served", ["version"])
+TRAINED = Gauge(names.ABUSE_MODEL_TRAINED, "When the model version serving was trained (Unix s)")
 LOAD_FAILING = Gauge(
     names.ABUSE_MODEL_LOAD_FAILING,
     "1 while the version `current` names fails to load (the one serving, if any, serves on)",
@@ -117,6 +118,8 @@ class ModelServer:
         self.model = m
         SERVING.clear()
         SERVING.labels(m.version).set(1)
+        trained = m.meta.get("trained_at")  # none: an age unknown reads as too old
+        TRAINED.set(float(trained) if isinstance(trained, int | float) else 0.0)
         self._set_serving(True)
         log.info("model loaded", extra={"fields": {"version": m.version, "threshold": m.threshold}})
         return m

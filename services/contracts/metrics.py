@@ -53,6 +53,8 @@ ABUSE_MODEL_SECONDS = "likes_abuse_model_score_seconds"  # a histogram of each c
 ABUSE_MODEL_SERVING = "likes_abuse_model_serving"  # 1 for the version serving: label version
 # 1 while the version `current` names does not load (label version): the previous one serves on
 ABUSE_MODEL_LOAD_FAILING = "likes_abuse_model_load_failing"
+# when the version serving was trained (its meta.json's trained_at; 0 when it does not say)
+ABUSE_MODEL_TRAINED = "likes_abuse_model_trained_timestamp_seconds"
 CDN_PURGED = "likes_aggregator_cdn_purged_total"
 CDN_PURGE_FAILURES = "likes_aggregator_cdn_purge_failures_total"  # batches given up on
 CDN_PURGE_RETRIES = "likes_aggregator_cdn_purge_retries_total"

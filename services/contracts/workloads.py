@@ -28,6 +28,10 @@ NAMESPACE = "likes"  # where the program runs them (the names their certificates
 
 Kind = Literal["http", "worker", "operator"]
 MODELS_MOUNT = "/models"  # the abuse model's versions and `current` (services/abuse/model.py)
+# How old the abuse model serving may be (since training) before AbuseModelErrors (reason stale)
+# files a ticket: its publishing job runs weekly (infra/config.py refuses a schedule that runs
+# less often), so an older one means a run failed or its gate refused the model, a day ago.
+MODEL_MAX_AGE_S = 8 * 86_400
 
 # Settings fields that name a server a workload connects to, each with the field that holds the
 # port when the address carries none. A workload lists in `uses` the ones its code reads (a test

@@ -83,12 +83,36 @@ def test_secretish_nested_key_in_plain_config_is_refused() -> None:
             {"abuseModelPublishSchedule": "TZ=Europe/Paris 0 3 * * 1"},
             "likes:services.abuseModelPublishSchedule",
         ),
+        # monthly: the model would be stale (AbuseModelErrors) three weeks of four
+        (
+            "likes:services",
+            {"abuseModelPublishSchedule": "0 3 1 * *"},
+            "likes:services.abuseModelPublishSchedule",
+        ),
     ],
 )
 def test_invalid_values_name_their_key(key: str, patch: dict[str, object], expected: str) -> None:
     raw, secrets = _raw()
     raw[key] = json.dumps({**json.loads(raw[key]), **patch})
     assert expected in [k for k, _ in _error(raw, secrets).problems]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "weekly"),
+    [
+        ("0 3 * * 1", True),
+        ("*/30 * * * *", True),
+        ("0 3 1 * 1", True),  # the 1st, and every Monday
+        ("@daily", True),
+        ("@weekly", True),
+        ("0 3 1 * *", False),
+        ("0 3 * 6 1", False),  # June's Mondays only
+        ("@monthly", False),
+        ("@yearly", False),
+    ],
+)
+def test_the_model_is_published_at_least_weekly(schedule: str, weekly: bool) -> None:
+    assert config.runs_weekly(schedule) is weekly
 
 
 def test_zones_must_belong_to_region() -> None:

@@ -137,6 +137,27 @@ def test_the_servers_metrics_count_calls_rows_codes_and_the_version_serving(
     assert _sample(names.ABUSE_MODEL_ROWS) - scored == 7
     assert _sample(f"{names.ABUSE_MODEL_SECONDS}_count") - timed == 3
     assert _sample(names.ABUSE_MODEL_SERVING, version=small_model.version) == 1
+    # AbuseModelErrors (reason stale) reads the serving version's training time
+    assert _sample(names.ABUSE_MODEL_TRAINED) == small_model.meta["trained_at"] > 0
+
+
+def test_a_version_that_does_not_say_when_it_was_trained_reads_as_trained_at_0(
+    server: model_server.ModelServer, small_model: model.Model
+) -> None:
+    """An age unknown is an age too old (AbuseModelErrors, reason stale), not a fresh model."""
+    import json
+
+    from services.contracts import metrics as names
+
+    model.save(small_model, server.model_dir)
+    server.load()
+    assert _sample(names.ABUSE_MODEL_TRAINED) == small_model.meta["trained_at"]
+    meta_file = server.model_dir / small_model.version / model.META_FILE
+    meta = json.loads(meta_file.read_text())
+    del meta["trained_at"]
+    meta_file.write_text(json.dumps(meta))
+    server.load()
+    assert _sample(names.ABUSE_MODEL_TRAINED) == 0
 
 
 @pytest.mark.parametrize("garbage", [b"not a model at all", b"\x80\x04garbage", b""])
