@@ -21,7 +21,11 @@ from local.components import redis as local_redis
 from local.components import toxiproxy
 from local.layout import HOST, Layout, Ports
 
-OFFSET = 4000  # apart from the default (0), test (1000) and test_gateway (7000) stacks
+# Apart from the default (0), test (1000, 2000), test_cli (1500) and test_gateway (7000) stacks,
+# and below the kernel's ephemeral ports (32768 up): at 4000 the Kafka proxies listened on
+# 33292-33294, and a client connection that had taken one of those for its own end (Prometheus's
+# did, on a dev machine) made the stack fail to start.
+OFFSET = 3000
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +49,12 @@ def _cluster(lay: Layout, timeout: float) -> RedisCluster:
     seeds = [ClusterNode(HOST, p) for p in lay.ports.idem_store]  # the nodes' own ports
     return RedisCluster(startup_nodes=seeds, password=local_redis.password(lay),
                         socket_timeout=timeout, decode_responses=True)  # fmt: skip
+
+
+def test_every_proxy_listens_below_the_kernels_ephemeral_ports() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    lay = Layout(home=Path("unused"), ports=Ports(OFFSET), faults=True)
+    assert max(listen for listen, _ in lay.proxies().values()) < low
 
 
 def test_clients_learn_the_proxies_from_the_nodes(world: Layout) -> None:
