@@ -20,6 +20,7 @@ class Gateway(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.seen: list[tuple[str, str]] = []  # (idempotency key, post) of each whole request
+        self.reads: list[str] = []  # the path of each GET
         self.lock = threading.Lock()
 
 
@@ -47,6 +48,8 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client left: its answer is lost, as a phone's would be
 
     def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.reads.append(self.path)
         self.send_response(200)
         self.send_header("content-length", "2")
         self.end_headers()
@@ -100,3 +103,29 @@ def test_a_throttled_like_is_final_when_asked(gateway: Gateway) -> None:
     assert set(t.ledger) == set(t.accepted_at) == {("bot", "p")}
     assert sorted(post for _key, post in gateway.seen) == ["p", "throttled-p"]  # sent once each
     assert t.attempted == [("bot", "throttled-p"), ("bot", "p")]
+
+
+def test_reads_go_to_the_traffics_posts_and_to_a_long_tail_read_once_each(
+    gateway: Gateway,
+) -> None:
+    """A quarter of the reads are of posts nobody liked (traffic.TAIL_READS), each read once: the
+    count-cache holds nothing for them, so they reach the counter-store as production's do."""
+    from services.contracts import routes
+
+    t = traffic.Traffic(
+        gateway_url=f"http://127.0.0.1:{gateway.server_address[1]}", token=lambda u: "t." + u,
+        users=1, posts=3, writers=1, readers=2, write_rate=1.0,
+    )  # fmt: skip
+    t.start()
+    deadline = time.monotonic() + 20
+    while len(gateway.reads) < 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t.stop()
+    with gateway.lock:
+        reads = list(gateway.reads)
+    own = {routes.read_path(p) for p in t.post_ids}
+    tail = [r for r in reads if r not in own]
+    assert len(reads) >= 200
+    assert 0.1 < len(tail) / len(reads) < 0.4, (len(tail), len(reads))
+    assert len(set(tail)) == len(tail)  # each tail post once
+    assert {r for r in reads if r in own} == own  # and the traffic's own posts too
