@@ -75,7 +75,16 @@ class Client(aetcd.Client):
             return
         if self._login is None or self._login.done():  # none yet, or the last one failed
             self._login = asyncio.ensure_future(self._open())
-        await asyncio.shield(self._login)
+        login = self._login
+        try:
+            await asyncio.shield(login)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if login.cancelled() and task is not None and not task.cancelling():
+                # the client was closed under this caller, which was not itself cancelled: an
+                # error it handles as any other, not a cancellation that would end its task
+                raise aetcd_exceptions.ConnectionFailedError("closed while logging in") from None
+            raise
 
     async def _open(self) -> None:
         target = f"{self._host}:{self._port}"

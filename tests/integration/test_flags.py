@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +15,7 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from aetcd import exceptions as aetcd_exceptions
 from aetcd import rpc
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -278,3 +281,42 @@ def test_switches_reach_every_workload_while_a_starved_etcd_makes_each_log_in_ag
             wait_for(lambda w=w: not engaged(stack, w), f"{w.name} lets panic go", 90)
     # each workload did log in again: the root's, the CLI's and theirs
     assert relogged >= 2 + len(HONORING), relogged
+
+
+def test_a_login_outlives_its_callers_deadline_and_a_close_under_it_is_an_error(
+    stack: Stack,
+) -> None:
+    """etcd hung (SIGSTOP) during a login: the caller's deadline passes, the login goes on and the
+    next call waits for that same login, which finishes once etcd resumes. A client closed while
+    a caller waits on its login gives that caller an error, not a cancellation that would end a
+    poller's task."""
+    pid = int(stack.status()["etcd"]["pid"])
+    creds = stack.etcd_credentials
+
+    async def go() -> None:
+        c = etcd.client(stack.host, stack.etcd_port, creds, 1.0, stack.ca_file)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(c.connect(), 0.5)
+            login = c._login
+            assert login is not None and not login.done()  # still logging in
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.wait_for(c.connect(), etcd.LOGIN_TIMEOUT_S)
+        assert c._login is login and login.done() and login.exception() is None
+        await c.get_prefix(flags.PREFIX.encode())
+        await c.close()
+
+        closed = etcd.client(stack.host, stack.etcd_port, creds, 1.0, stack.ca_file)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            waiting = asyncio.ensure_future(closed.connect())
+            await asyncio.sleep(0.3)
+            await closed.close()
+            with pytest.raises(aetcd_exceptions.ConnectionFailedError):
+                await waiting
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    asyncio.run(go())
