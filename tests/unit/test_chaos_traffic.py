@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -67,17 +68,29 @@ def gateway() -> Iterator[Gateway]:
     g.shutdown()
 
 
-@pytest.mark.parametrize("share", [0.0, 1.0])
-def test_a_dropped_answer_is_retried_with_the_same_key(gateway: Gateway, share: float) -> None:
+def _run_until(
+    gateway: Gateway, done: Callable[[traffic.Traffic], bool], **kwargs: Any
+) -> traffic.Traffic:
+    """Traffic against the stand-in until `done` (20 s at most), then stopped."""
     t = traffic.Traffic(
-        gateway_url=f"http://127.0.0.1:{gateway.server_address[1]}", token=lambda u: "t." + u,
-        users=12, posts=3, writers=3, readers=0, write_rate=100.0, drop_answers=share,
-    )  # fmt: skip
+        gateway_url=f"http://127.0.0.1:{gateway.server_address[1]}",
+        token=lambda u: "t." + u,
+        **kwargs,
+    )
     t.start()
     deadline = time.monotonic() + 20
-    while len(t.ledger) < 12 and time.monotonic() < deadline:
+    while not done(t) and time.monotonic() < deadline:
         time.sleep(0.05)
     t.stop()
+    return t
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_a_dropped_answer_is_retried_with_the_same_key(gateway: Gateway, share: float) -> None:
+    t = _run_until(
+        gateway, lambda t: len(t.ledger) >= 12,
+        users=12, posts=3, writers=3, readers=0, write_rate=100.0, drop_answers=share,
+    )  # fmt: skip
     assert len(t.ledger) == 12, t.summary()
     assert set(t.accepted_at) == set(t.ledger)  # each accept's time (bench_abuse's --steady-s)
     assert all(t.started_wall <= at <= time.time() for at in t.accepted_at.values())
@@ -112,15 +125,10 @@ def test_reads_go_to_the_traffics_posts_and_to_a_long_tail_read_once_each(
     count-cache holds nothing for them, so they reach the counter-store as production's do."""
     from services.contracts import routes
 
-    t = traffic.Traffic(
-        gateway_url=f"http://127.0.0.1:{gateway.server_address[1]}", token=lambda u: "t." + u,
+    t = _run_until(
+        gateway, lambda _: len(gateway.reads) >= 200,
         users=1, posts=3, writers=1, readers=2, write_rate=1.0,
     )  # fmt: skip
-    t.start()
-    deadline = time.monotonic() + 20
-    while len(gateway.reads) < 200 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    t.stop()
     with gateway.lock:
         reads = list(gateway.reads)
     own = {routes.read_path(p) for p in t.post_ids}
