@@ -107,7 +107,8 @@ class Client(aetcd.Client):
                     raise
                 metadata = (("token", resp.token),)
         except BaseException:
-            await channel.close()
+            # the channel is left to the garbage collector, as aetcd leaves it: awaiting grpc's
+            # close here hung a cancelled login, and asyncio.run's exit with it (CI, 600 s)
             raise
         self.channel, self.metadata = channel, metadata
         self.auth_stub = rpc.AuthStub(channel)
@@ -124,7 +125,7 @@ class Client(aetcd.Client):
         login, self._login = self._login, None
         if login is not None and not login.done():
             login.cancel()
-            await asyncio.wait({login})
+            await asyncio.wait({login}, timeout=STOP_WAIT_S)
         await super().close()
 
 
