@@ -95,21 +95,16 @@ class Client(aetcd.Client):
             else rpc.insecure_channel(target, options=options)
         )
         metadata = None
-        try:
-            if self._username is not None and self._password is not None:
-                req = rpc.AuthenticateRequest(name=self._username, password=self._password)
-                try:
-                    resp = await rpc.AuthStub(channel).Authenticate(
-                        req, timeout=self._login_timeout
-                    )
-                except rpc.AioRpcError as e:
-                    aetcd_exceptions._handle_exception(e)  # raises aetcd's own error type
-                    raise
-                metadata = (("token", resp.token),)
-        except BaseException:
-            # the channel is left to the garbage collector, as aetcd leaves it: awaiting grpc's
-            # close here hung a cancelled login, and asyncio.run's exit with it (CI, 600 s)
-            raise
+        # a failed login leaves its channel to the garbage collector, as aetcd does: awaiting
+        # grpc's close there hung a cancelled login, and asyncio.run's exit with it (CI, 600 s)
+        if self._username is not None and self._password is not None:
+            req = rpc.AuthenticateRequest(name=self._username, password=self._password)
+            try:
+                resp = await rpc.AuthStub(channel).Authenticate(req, timeout=self._login_timeout)
+            except rpc.AioRpcError as e:
+                aetcd_exceptions._handle_exception(e)  # raises aetcd's own error type
+                raise
+            metadata = (("token", resp.token),)
         self.channel, self.metadata = channel, metadata
         self.auth_stub = rpc.AuthStub(channel)
         self.kvstub = rpc.KVStub(channel)
