@@ -40,6 +40,7 @@ achieved, the rings, the p50/p99/max (`steady_void_visible_*`) and `steady_exact
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -395,28 +396,15 @@ def scorer_caught_up(lay: layout.Layout, timeout_s: float) -> bool:
     """The stack's scorer has committed every like on likes.committed now: each void it will
     make of them is written (it commits after a batch's voids)."""
     s = scorer_settings(lay)
-    topic = s.source_topic
-    c = Consumer({**clients.kafka_config(s), "group.id": s.abuse_group_id,
-                  "enable.auto.commit": False})  # fmt: skip
-    try:
-        parts = [TopicPartition(topic, p) for p in c.list_topics(topic, timeout=10)
-                 .topics[topic].partitions]  # fmt: skip
-        marks = {tp.partition: c.get_watermark_offsets(tp, timeout=10) for tp in parts}
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                got = c.committed(parts, timeout=10)
-            except KafkaException:
-                got = []
-            # an empty partition has no committed offset (-1001) and nothing to score
-            if got and all(tp.offset >= marks[tp.partition][1]
-                           or marks[tp.partition][0] == marks[tp.partition][1]
-                           for tp in got):  # fmt: skip
+    conf = clients.kafka_config(s)
+    marks = clients.end_offsets(conf, s.source_topic)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(KafkaException):
+            if clients.committed_through(conf, s.abuse_group_id, s.source_topic, marks):
                 return True
-            time.sleep(0.5)
-        return False
-    finally:
-        c.close()
+        time.sleep(0.5)
+    return False
 
 
 def steady_latency(

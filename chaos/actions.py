@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -459,12 +460,17 @@ def ring() -> tuple[tuple[str, str], ...]:
     return tuple(_ring)
 
 
-def bot_storm(bots: int = 8) -> dict[str, Any]:
+def bot_storm(bots: int = 8, kill_on_first_void: list[str] | None = None) -> dict[str, Any]:
     """A bot ring likes every post of the traffic through the gateway, beside it: `bots` fresh
     accounts (an hour old) on one /24 of the run's own (198.18.0.0/15, the benchmarking range:
     the scorer remembers an hour of earlier runs' rings), sharing two device fingerprints, each
     liking every post within a second or two, as services/abuse/generator.py's rings do. Their
-    likes go in the traffic's ledger: the invariants count them like any other."""
+    likes go in the traffic's ledger: the invariants count them like any other.
+
+    `kill_on_first_void`: servers SIGKILLed the moment the abuse scorer's void counter moves
+    during the storm (abuse-scorer-crash-mid-publish: a crash while it voids the ring's batch,
+    between its voids and its offset commit); raises if it voided nothing within
+    KILL_ON_VOID_WAIT_S."""
     from services.contracts import signals
 
     t = traffic.current()
@@ -482,12 +488,107 @@ def bot_storm(bots: int = 8) -> dict[str, Any]:
         headers = {signals.CLIENT_IP_HEADER: f"{net}.{10 + i}",
                    signals.DEVICE_HEADER: f"ring-{t.run}-{i % 2}"}  # fmt: skip
         likes += [(user, post, token, headers) for post in t.post_ids]
+    watcher = _KillOnFirstVoid(kill_on_first_void) if kill_on_first_void else None
     traffic.mark(f"bot storm: {bots} accounts on {net}.0/24")
     _ring.extend((u, p) for u, p, _t, _h in likes)
     # a degraded bot's 429 is its like's last answer, as for a bot that moves on: retried, the
     # degraded accounts (one like a minute) held the action for minutes
     accepted = t.likes_as(likes, retry_throttled=False)
-    return {"bots": bots, "likes": len(likes), "accepted": accepted, "network": f"{net}.0/24"}
+    out: dict[str, Any] = {"bots": bots, "likes": len(likes), "accepted": accepted,
+                           "network": f"{net}.0/24"}  # fmt: skip
+    if watcher is not None:
+        out["killed"] = watcher.wait()
+    return out
+
+
+KILL_ON_VOID_WAIT_S = 60.0
+
+
+class _KillOnFirstVoid:
+    """Polls the abuse scorer's void counter every 20 ms from now on, and SIGKILLs `servers`
+    the moment it moves."""
+
+    def __init__(self, servers: list[str]) -> None:
+        from services.contracts import workloads
+
+        self.servers = servers
+        self._scorer = workloads.ABUSE_SCORER.name
+        self._before = self._voids()
+        self._done = threading.Event()
+        self.killed: list[str] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._watch, name="kill-on-first-void",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def _voids(self) -> float:
+        from services.contracts import metrics
+
+        return _read_metric(metrics.ABUSE_VOIDS, server=self._scorer, result="voided")
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + KILL_ON_VOID_WAIT_S
+        try:
+            while not self._done.is_set() and time.monotonic() < deadline:
+                if self._voids() > self._before:
+                    self.killed = kill(self.servers)
+                    return
+                time.sleep(0.02)
+        except BaseException as e:  # reported by wait()
+            self.error = e
+
+    def wait(self) -> list[str]:
+        self._thread.join(KILL_ON_VOID_WAIT_S + 10)
+        self._done.set()
+        if self.error is not None:
+            raise RuntimeError(f"watching {self._scorer}'s voids failed: {self.error}")
+        if not self.killed:
+            raise RuntimeError(
+                f"{self._scorer} voided none of the storm's likes within "
+                f"{KILL_ON_VOID_WAIT_S:.0f} s: {self.servers} not killed"
+            )
+        return self.killed
+
+
+def void_likes(
+    pairs: list[tuple[str, str]],
+) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """Which of these (user, post) likes are void in the edge-store now, and which could not be
+    read (each caller decides which way an unread one counts against it)."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    from cli import stack_settings
+    from services.contracts import clients
+
+    cluster, session = clients.cassandra(stack_settings.platform_settings())
+    try:
+        q = session.prepare(
+            "SELECT void FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
+        )
+        rows = execute_concurrent_with_args(session, q, pairs, concurrency=64)
+        void = {pair for pair, (ok, r) in zip(pairs, rows, strict=True)
+                if ok and (row := r.one()) is not None and row.void}  # fmt: skip
+        return void, {pair for pair, (ok, _r) in zip(pairs, rows, strict=True) if not ok}
+    finally:
+        cluster.shutdown()
+
+
+def expect_ring_unvoided() -> dict[str, int]:
+    """While the model server is down (abuse-model-down): none of the bot ring's accepted likes
+    is void yet; the scorer defers them, it neither skips nor guesses. Raises otherwise."""
+    t = traffic.current()
+    if t is None:
+        raise RuntimeError("no traffic runs: start_traffic first")
+    accepted = [p for p in _ring if p in t.ledger]
+    if not accepted:
+        raise RuntimeError("the bot ring has no accepted like: bot_storm first")
+    void, unread = void_likes(accepted)
+    if void or unread:
+        raise RuntimeError(f"{len(void)} of the ring's {len(accepted)} likes voided while the "
+                           f"model server was down, e.g. {sorted(void)[:3]}; "
+                           f"{len(unread)} unread")  # fmt: skip
+    traffic.mark(f"ring's {len(accepted)} likes deferred, none void")
+    return {"ring_likes_accepted": len(accepted), "void": 0}
 
 
 _models: dict[str, str] = {}  # "good" (the version served before) and "bad" (deploy_bad_model)
@@ -562,12 +663,13 @@ def _scrape(url: str) -> list[Any]:
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def _read_metric(name: str, **labels: str) -> float:
-    """The stack's read service's counter `name` (with `labels`), from its /metrics."""
+def _read_metric(name: str, server: str | None = None, **labels: str) -> float:
+    """A stack server's counter `name` (with `labels`), from its /metrics: the read service's
+    unless `server` names another workload."""
     from services.contracts import workloads
 
     lay = layout.from_env()
-    port = transforms.local_ops_port(lay, workloads.READ.name)
+    port = transforms.local_ops_port(lay, server or workloads.READ.name)
     return sum(
         sample.value
         for sample in _scrape(f"http://{layout.HOST}:{port}{workloads.METRICS_PATH}")

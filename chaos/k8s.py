@@ -50,7 +50,8 @@ SIDECAR_OF = {"abuse-model": "abuse-scorer"}
 _NODE = re.compile(r"^(?P<component>[a-z][a-z0-9-]*?)-(?P<n>\d+)$")  # kafka-2, idem-store-3
 _FAULTS = {"kill": 0, "stop": -1}  # grace period: none (SIGKILL), or the pod's own (SIGTERM)
 # (a cluster that has been up a while has its preferred leaders: the brokers rebalance them)
-_NO_COUNTERPART = {"start_traffic", "stop_traffic", "restart", "up", "prefer_leaders"}
+_NO_COUNTERPART = {"start_traffic", "stop_traffic", "restart", "up", "prefer_leaders",
+                   "expect_ring_unvoided"}  # fmt: skip
 # faults dealt to the data or the control plane (chaos/actions.py), not to a pod
 _DATA_FAULTS = {"produce_poison", "refuse_records", "accept_records", "set_flag", "unset_flag",
                 "split_post", "unsplit_post", "push_bad_config", "remove_bad_config",
@@ -162,14 +163,33 @@ def _terminate(name: str, t: Target, grace_period: int) -> dict[str, Any]:
     }
 
 
+def _kills(activity: dict[str, Any]) -> list[str]:
+    """The servers a bot storm kills when the scorer first voids (chaos.actions.bot_storm)."""
+    if activity["provider"]["func"] != "bot_storm":
+        return []
+    return list((activity["provider"].get("arguments") or {}).get("kill_on_first_void") or [])
+
+
 def experiment(mode_id: str, stack: str = DEFAULT_STACK) -> dict[str, Any]:
     """The production variant of the mode's local experiment (raises NoVariant)."""
     local = catalog.experiment(mode_id)
     method: list[dict[str, Any]] = []
     targets: dict[str, Target] = {}
+    pod_faults = any(_kills(a) or a["provider"]["func"] in _FAULTS for a in local["method"])
     for activity in local["method"]:
         func = activity["provider"]["func"]
         if func in _NO_COUNTERPART:
+            continue
+        # a bot ring beside a pod fault (abuse-model-down) is traffic: in production the users'
+        # own stands for it; killing the scorer mid-void (abuse-scorer-crash-mid-publish) is a
+        # pod fault, dealt without the timing; a ring alone is the clients' own (_OTHER_FAULTS)
+        if func == "bot_storm" and ((servers := _kills(activity)) or pod_faults):
+            for server in servers:
+                t = targets[server] = target(server, stack)
+                method.append(_terminate(f"kill-{server}-pods", t, 0))
+            if servers and "pauses" in activity:
+                after = activity["pauses"].get("after", 0) + RECOVERY_WAIT_S
+                method[-1]["pauses"] = {"after": after}
             continue
         if func in _DATA_FAULTS:
             raise NoVariant(

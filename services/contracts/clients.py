@@ -35,7 +35,7 @@ from cassandra.policies import (
     TokenAwarePolicy,
 )
 from cassandra.query import _clean_column_name
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import SerializationError
@@ -323,6 +323,35 @@ def kafka_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """Connection settings (bootstrap, SASL/SCRAM login) for any Producer, Consumer or
     AdminClient of ours, plus `overrides`."""
     return {**kafka.from_settings(settings), **overrides}
+
+
+def end_offsets(conf: dict[str, Any], topic: str, timeout: float = 10.0) -> dict[int, int]:
+    """`topic`'s end offset per partition, now (`conf`: kafka_config's); 0 for a partition that
+    holds no message (never written, or all of it past retention): nothing there to consume."""
+    c = Consumer({**conf, "group.id": "likes-end-offsets", "enable.auto.commit": False})
+    try:  # metadata and watermarks only: the group never joins, never commits
+        out = {}
+        for p in c.list_topics(topic, timeout=timeout).topics[topic].partitions:
+            low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            out[p] = high if high > low else 0
+        return out
+    finally:
+        c.close()
+
+
+def committed_through(
+    conf: dict[str, Any], group: str, topic: str, marks: dict[int, int], timeout: float = 10.0
+) -> bool:
+    """`group` has committed `topic` up to `marks` (partition -> offset, end_offsets' at some
+    moment) in every partition: a consumer that commits after its work is done with everything
+    the topic held then. A partition with nothing at its mark (0) has nothing to commit.
+    Raises KafkaException when the coordinator does not answer."""
+    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in marks], timeout=timeout)
+    finally:
+        c.close()
+    return all(marks[tp.partition] == 0 or tp.offset >= marks[tp.partition] for tp in got)
 
 
 def producer(settings: Settings, **overrides: Any) -> Producer:

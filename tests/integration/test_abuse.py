@@ -14,7 +14,6 @@ import uuid
 import httpx
 import pytest
 from cassandra.cluster import Session
-from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra import alert_rules
@@ -55,25 +54,15 @@ def model_ready(stack: Stack) -> bool:
 
 def ends(stack: Stack) -> dict[int, int]:
     """likes.committed's end offset per partition, now."""
-    c = Consumer({**stack.kafka_config(), "group.id": f"probe-{uuid.uuid4().hex[:8]}"})
-    try:
-        md = c.list_topics(events.COMMITTED, timeout=10).topics[events.COMMITTED]
-        return {p: c.get_watermark_offsets(TopicPartition(events.COMMITTED, p), timeout=10)[1]
-                for p in md.partitions}  # fmt: skip
-    finally:
-        c.close()
+    return clients.end_offsets(stack.kafka_config(), events.COMMITTED)
 
 
 def scored_through(stack: Stack, marks: dict[int, int]) -> bool:
     """The stack scorer's group committed past `marks`: it commits only after a batch's voids are
     written, so every like before them is scored and its void (if any) is in the edge-store."""
-    c = Consumer({**stack.kafka_config(), "group.id": kafka_contract.ABUSE_GROUP})
-    try:
-        got = c.committed([TopicPartition(events.COMMITTED, p) for p in marks], timeout=10)
-    finally:
-        c.close()
-    # a partition still empty at the mark has nothing to score (and no offset committed yet)
-    return all(marks[tp.partition] == 0 or tp.offset >= marks[tp.partition] for tp in got)
+    return clients.committed_through(
+        stack.kafka_config(), kafka_contract.ABUSE_GROUP, events.COMMITTED, marks
+    )
 
 
 def like_as(stack: Stack, user: str, post: str, ip: str, device: str, created: int) -> int:

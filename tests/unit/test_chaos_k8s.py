@@ -163,8 +163,13 @@ def test_a_node_is_one_pod_a_component_every_pod_and_kill_means_no_grace(
     )
     assert agg["grace_period"] == 0
     assert "grace_period" not in only("otel-tempo-down")  # stop: the pod's own grace (SIGTERM)
-    model = only("abuse-model-down")  # a sidecar: its pod is the scorer's
+    model = only("abuse-model-down")  # a sidecar: its pod is the scorer's; the ring is traffic
     assert model["label_selector"] == "app.kubernetes.io/name=abuse-scorer"
+    crash = only("abuse-scorer-crash-mid-publish")  # the storm's kill, without its timing
+    assert (crash["label_selector"], crash["grace_period"]) == (
+        "app.kubernetes.io/name=abuse-scorer",
+        0,
+    )
 
 
 def _pod(name: str, app: str) -> dict[str, Any]:
