@@ -68,10 +68,12 @@ def _load(directory: Path, version: str | None) -> model.Model:
 
 
 def _metrics_table(ev: dict[str, Any]) -> Table:
-    t = Table("precision", "recall", "ROC AUC", "threshold", "likes", "bots",
-              title="held-out users, at the model's threshold")  # fmt: skip
+    t = Table("precision", "recall", "ROC AUC", "threshold", "likes", "bots", "FP", "FN",
+              title="held-out users, at the model's threshold",
+              caption="FP: humans' likes it voids; FN: bots' likes it leaves counted")  # fmt: skip
     t.add_row(f"{ev['precision']:.3f}", f"{ev['recall']:.3f}", f"{ev['roc_auc']:.3f}",
-              f"{ev['threshold']:.3f}", str(ev["rows"]), str(ev["bots"]))  # fmt: skip
+              f"{ev['threshold']:.3f}", str(ev["rows"]), str(ev["bots"]),
+              *(str(ev.get(k, "-")) for k in ("false_positives", "false_negatives")))  # fmt: skip
     return t
 
 
@@ -160,7 +162,8 @@ def evaluate(
     as_json: bool = JsonOpt,
 ) -> None:
     """Grade a saved model again on the held-out users of its own training run: precision,
-    recall and ROC AUC at its threshold, and its calibration."""
+    recall and ROC AUC at its threshold, its false positives and negatives (likes), and its
+    calibration."""
     m = _load(_dir(model_dir), version)
     with _progress(as_json) as progress:
         progress.add_task("generating the held-out users' likes again", total=None)

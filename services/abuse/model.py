@@ -269,6 +269,10 @@ class Evaluation:
     rows: int
     bots: int
     calibration: tuple[CalibrationBin, ...]
+    # the model's errors at its threshold, as likes: a human's like it would void, a bot's it
+    # would leave counted (None: graded before these were kept)
+    false_positives: int | None = None
+    false_negatives: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -310,6 +314,8 @@ def evaluate(model: Model, ds: Dataset, bins: int = 10) -> Evaluation:
         rows=len(ds),
         bots=int(ds.y.sum()),
         calibration=tuple(table),
+        false_positives=int(flagged.sum()) - tp,
+        false_negatives=int(ds.y.sum()) - tp,
     )
 
 

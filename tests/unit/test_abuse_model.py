@@ -170,6 +170,12 @@ def test_a_trained_model_reaches_the_goals_on_held_out_users(trained: model.Mode
     assert held["recall"] >= model.GOALS.recall, held
     assert model.shortfalls(model.Evaluation.from_json(held)) == []  # the gate lets it through
     assert held["threshold"] == trained.threshold
+    # the errors as counts of likes, which the rates are made of: a human's like voided (false
+    # positive), a bot's left counted (false negative)
+    caught = held["bots"] - held["false_negatives"]
+    assert held["recall"] == pytest.approx(caught / held["bots"], abs=1e-4)
+    assert held["precision"] == pytest.approx(caught / (caught + held["false_positives"]), abs=1e-4)
+    assert held["false_positives"] > 0 and held["false_negatives"] > 0  # a model, not an oracle
     assert trained.threshold >= trained.params.min_score == 0.5  # more likely a bot than not
     assert trained.meta["sizes"]["held_out"]["users"] == pytest.approx(800, abs=10)
     cal = held["calibration"]
@@ -259,10 +265,12 @@ def test_train_then_evaluate_and_models_on_the_cli(
     assert {"precision", "recall", "roc_auc", "threshold", "version", "calibration"} <= set(out)
     # the saved model, graded on its held-out users generated again, as when it was trained
     assert out["version"] == trained["version"]
-    keys = ("precision", "recall", "roc_auc", "threshold", "rows", "bots", "calibration")
+    keys = ("precision", "recall", "roc_auc", "threshold", "rows", "bots", "calibration",
+            "false_positives", "false_negatives")  # fmt: skip
     assert {k: out[k] for k in keys} == {k: trained[k] for k in keys}
     r = runner.invoke(app, ["abuse", "evaluate"])
     assert r.exit_code == 0 and "calibration" in r.stdout, r.output
+    assert "FP" in r.stdout and "FN" in r.stdout, r.output
     r = runner.invoke(app, ["abuse", "models", "--json"])
     listed = json.loads(r.stdout)
     assert listed["current"] == trained["version"]
