@@ -507,6 +507,41 @@ def test_duplicate_publications_of_one_intent_count_once(
     assert counter("likes_aggregator_dedup_hits_total") - hits_before == 6
 
 
+def test_voids_and_unvoids_are_deduplicated_in_a_key_space_of_their_own(
+    settings: AggregatorSettings, producer: Producer, serialize: Any, session: Session,
+    rc: RedisCluster,
+) -> None:  # fmt: skip
+    """A void's intent is derived from its like's and the model's (services/abuse/voids.py), an
+    unvoid's from its void's, and each topic-partition dedups its own intents: a void published
+    twice (the scorer's own send and the outbox relay's) counts once, so does an unvoid, and no
+    void is swallowed as a replay of its like, even one carrying the like's very intent."""
+    from services.abuse import voids
+
+    post = f"post-{uuid.uuid4()}"
+    first, second = like(post), like(post)
+    void = voids.void_intent(first.intent_uuid, "v-test")
+    unvoid = voids.unvoid_intent(void)
+    hits_before = counter("likes_aggregator_dedup_hits_total")
+    with running(settings):
+        produce(producer, [msg(serialize, e) for e in (first, second)])
+        wait_for(counted(rc, post, 2), what="the two likes")
+        voided = like(post, intent=void, delta=-1, action="void")
+        produce(producer, [msg(serialize, voided, events.VOIDED)] * 2)
+        wait_for(counted(rc, post, 1), what="the void, once")
+        unvoided = like(post, intent=unvoid, delta=1, action="unvoid")
+        produce(producer, [msg(serialize, unvoided, events.UNVOIDED)] * 2)
+        wait_for(counted(rc, post, 2), what="the unvoid, once")
+        # a void that carries its like's own intent is still a void: likes.voided's dedup
+        # never saw that intent, likes.committed's did
+        same = like(post, intent=second.intent_uuid, delta=-1, action="void")
+        produce(producer, [msg(serialize, same, events.VOIDED)])
+        wait_for(counted(rc, post, 1), what="a void with its like's intent")
+        time.sleep(2.5)  # a couple more windows: nothing else may land
+    assert agg_count(rc, post) == 1
+    assert sum(v[0] for v in cells(session, post).values()) == 1
+    assert counter("likes_aggregator_dedup_hits_total") - hits_before == 2  # one void, one unvoid
+
+
 def test_replay_from_an_earlier_offset_applies_nothing_twice(
     settings: AggregatorSettings, producer: Producer, serialize: Any, session: Session,
     rc: RedisCluster,
