@@ -455,3 +455,26 @@ def test_the_models_claim_and_its_publisher_come_with_the_abuse_scorer_only() ->
     assert with_scorer["PersistentVolumeClaim"] == {services.MODELS_CLAIM}
     assert with_scorer["CronJob"] == {services.MODELS_PUBLISHER}
     assert with_scorer["Job"] == {services.MODELS_PUBLISHER_AT_DEPLOY}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_workload_scales_between_its_configured_bounds_and_keeps_most_pods_in_a_drain(
+    plans: dict[str, plan.Plan], configs: dict[str, config.StackConfig], stack: str
+) -> None:
+    """Each service's HPA aims at its own Deployment with the stack's bounds (the abuse
+    scorer's 2..64 among them), and its PDB selects exactly that Deployment's pods."""
+    for w in workloads.SERVICES:  # (the operator is deployed apart, not as a service)
+        scale = getattr(configs[stack].services, w.name.replace("-", "_"))
+        hpa = named(plans[stack], "HorizontalPodAutoscaler", w.name).inputs["spec"]
+        assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                         "name": w.name}, w.name  # fmt: skip
+        assert (hpa["minReplicas"], hpa["maxReplicas"]) == (
+            scale.min_replicas,
+            scale.max_replicas,
+        ), w.name
+        dep = named(plans[stack], "Deployment", w.name).inputs["spec"]
+        pods = dep["template"]["metadata"]["labels"]
+        pdb = named(plans[stack], "PodDisruptionBudget", w.name).inputs["spec"]
+        selector = pdb["selector"]["matchLabels"]
+        assert selector == dep["selector"]["matchLabels"] and selector.items() <= pods.items()
+        assert pdb["maxUnavailable"] == "10%", w.name
