@@ -63,3 +63,52 @@ def test_next_version_is_readable_by_consumers_on_this_one(stack: Stack) -> None
     with pytest.raises(SchemaRegistryError) as e:
         registry.register_schema(subject, Schema(broken, "AVRO"))
     assert e.value.http_status_code == 409
+
+
+def test_the_abuse_signals_are_a_forward_evolution_of_the_event_before_them(
+    stack: Stack,
+) -> None:
+    """Issue 13: client_ip, device and account_created came to the like event as optional
+    fields. Through the stack's registry under FORWARD: the event as it was before them, then
+    as it is, is accepted; a consumer still on the old reader schema reads an event with
+    signals, and ours reads an event written before them (signals None)."""
+    from services.contracts import clients
+
+    registry = stack.registry_client()
+    subject = f"likes.signals-test-{uuid.uuid4().hex[:8]}-value"
+    topic = subject.removesuffix("-value")
+    fields = list(v1()["fields"])  # type: ignore[call-overload]
+    before = with_fields([f for f in fields if f["name"] not in events.OPTIONAL_FIELDS])
+    assert len(json.loads(before)["fields"]) == len(fields) - len(events.OPTIONAL_FIELDS)
+    registry.set_compatibility(subject, "FORWARD")
+    old_id = registry.register_schema(subject, Schema(before, "AVRO"))
+    new_id = registry.register_schema(subject, Schema(events.LIKE_EVENT_SCHEMA, "AVRO"))
+    assert new_id != old_id
+
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    e = events.LikeEvent.new(
+        intent_uuid=str(uuid.uuid4()), user_id="u", post_id="p", action="like",
+        reaction="like", delta=1, region="local", client_ip="192.0.2.7", device="dev-1",
+        account_created=1_700_000_000_000,
+    )  # fmt: skip
+    conf = {"auto.register.schemas": False, "use.latest.version": True}
+    serialize = AvroSerializer(
+        registry, events.LIKE_EVENT_SCHEMA, to_dict=lambda ev, _c: ev.to_dict(), conf=conf
+    )
+    with_signals = serialize(e, ctx)
+    assert with_signals is not None and int.from_bytes(with_signals[1:5], "big") == new_id
+    old_reader = AvroDeserializer(registry, before)  # a consumer built before the signals
+    seen = old_reader(with_signals, ctx)
+    assert seen is not None and not set(events.OPTIONAL_FIELDS) & set(seen)
+    assert {k: seen[k] for k in ("intent_uuid", "post_id", "delta")} == {
+        "intent_uuid": e.intent_uuid, "post_id": "p", "delta": 1,
+    }  # fmt: skip
+
+    # an event written before the signals, read by the workloads' own deserializer
+    old = {k: v for k, v in e.to_dict().items() if k not in events.OPTIONAL_FIELDS}
+    old_bytes = AvroSerializer(registry, before,
+                               conf={"auto.register.schemas": False})(old, ctx)  # fmt: skip
+    assert old_bytes is not None and int.from_bytes(old_bytes[1:5], "big") == old_id
+    ours = clients.like_deserializer(registry)(old_bytes, ctx)
+    assert ours is not None and ours.intent_uuid == e.intent_uuid
+    assert (ours.client_ip, ours.device, ours.account_created) == (None, None, None)
