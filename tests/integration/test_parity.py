@@ -68,6 +68,28 @@ def test_each_workload_runs_its_rendered_spec(stack: Stack, workload: str) -> No
     assert httpx.get(base + container.readiness.path, timeout=5).status_code == 200
 
 
+@pytest.mark.parametrize("workload", [w.name for w in workloads.ALL if w.sidecar is not None])
+def test_each_sidecar_runs_its_rendered_container_as_a_process_of_its_own(
+    stack: Stack, workload: str
+) -> None:
+    """The abuse model server, a container of the scorer's pod in the program, is its own
+    process here (the sidecar transform): the rendered command with only the listed flags
+    changed, the rendered env and nothing else, and the rendered probes answering."""
+    w = workloads.BY_NAME[workload]
+    assert w.sidecar is not None
+    container = rendered.render(stack.layout.stack).container(workload, w.sidecar.name)
+    expected = transforms.sidecar_process(stack.layout, w, w.sidecar, container)
+    argv, env = running(stack, w.sidecar.name)
+    assert argv == expected.argv
+    rendered_env = {k: v for k, v in container.env.items() if isinstance(v, str)}
+    assert {k: env.get(k) for k in rendered_env} == rendered_env
+    assert set(env) - set(container.env) <= {"PATH"}, "variables the program does not render"
+    base = f"http://{stack.host}:{expected.ops_port}"
+    assert container.liveness is not None and container.readiness is not None
+    assert httpx.get(base + container.liveness.path, timeout=5).status_code == 200
+    assert httpx.get(base + container.readiness.path, timeout=5).status_code == 200
+
+
 def test_the_transform_list_is_all_that_was_applied(stack: Stack) -> None:
     listed = {t.id for t in transforms.TRANSFORMS}
     for p in transforms.processes(stack.layout, stack.layout.stack):
