@@ -132,10 +132,12 @@ def connect(
     timeout: float = 10.0,
     login: tuple[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    connect_timeout: float = 5.0,
 ) -> tuple[Cluster, Session]:
     """A driver session pinned to one node, without the schema/token metadata fetches that make a
-    first connect slow, logged in as `login` (user, password), over TLS with `ssl_context`. The
-    caller shuts it down."""
+    first connect slow, logged in as `login` (user, password), over TLS with `ssl_context`,
+    each connection given up to `connect_timeout` (at most `timeout`). The caller shuts it
+    down."""
     profile = ExecutionProfile(
         load_balancing_policy=WhiteListRoundRobinPolicy([host]), request_timeout=timeout
     )
@@ -144,7 +146,7 @@ def connect(
         port=port,
         protocol_version=5,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-        connect_timeout=min(timeout, 5.0),
+        connect_timeout=min(timeout, connect_timeout),
         control_connection_timeout=timeout,
         schema_metadata_enabled=False,
         token_metadata_enabled=False,
@@ -380,7 +382,10 @@ class Cassandra(Component):
 
     def bootstrap(self) -> None:
         def login(user: str, password: str) -> tuple[Cluster, Session]:
-            return connect(HOST, self.native_port, 30.0, (user, password), self.ssl_context)
+            # a node just started, on a loaded machine, may take over 5 s to finish a TLS
+            # handshake and a bcrypt check: a restart in CI failed its roles step so
+            return connect(HOST, self.native_port, 30.0, (user, password), self.ssl_context,
+                           connect_timeout=30.0)  # fmt: skip
 
         cluster, session = cql_roles.admin_session(login, self._admin)
         try:
