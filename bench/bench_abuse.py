@@ -40,7 +40,6 @@ achieved, the rings, the p50/p99/max (`steady_void_visible_*`) and `steady_exact
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import random
@@ -396,15 +395,7 @@ def scorer_caught_up(lay: layout.Layout, timeout_s: float) -> bool:
     """The stack's scorer has committed every like on likes.committed now: each void it will
     make of them is written (it commits after a batch's voids)."""
     s = scorer_settings(lay)
-    conf = clients.kafka_config(s)
-    marks = clients.end_offsets(conf, s.source_topic)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(KafkaException):
-            if clients.committed_through(conf, s.abuse_group_id, s.source_topic, marks):
-                return True
-        time.sleep(0.5)
-    return False
+    return clients.caught_up(clients.kafka_config(s), s.abuse_group_id, s.source_topic, timeout_s)
 
 
 def steady_latency(

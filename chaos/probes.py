@@ -19,7 +19,6 @@ the probe's value is whether all held.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 import uuid
@@ -30,7 +29,6 @@ from typing import Any
 import httpx
 from cassandra import OperationTimedOut, ReadTimeout, Unavailable
 from cassandra.concurrent import execute_concurrent_with_args
-from confluent_kafka import KafkaException
 
 from chaos import actions, catalog, traffic
 from cli import stack_settings
@@ -318,16 +316,8 @@ def _dead_lettered(keys: list[str], group: str, timeout_s: float = 30.0) -> set[
 def _ring_scored(timeout_s: float = SCORED_WAIT_S) -> bool:
     """The stack's abuse scorer has committed every like likes.committed holds now (it commits
     after a batch's voids are written), within `timeout_s`."""
-    conf = actions.kafka_config()
-    marks = clients.end_offsets(conf, events.COMMITTED)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(KafkaException):
-            if clients.committed_through(conf, kafka_contract.ABUSE_GROUP, events.COMMITTED,
-                                         marks):  # fmt: skip
-                return True
-        time.sleep(0.5)
-    return False
+    return clients.caught_up(actions.kafka_config(), kafka_contract.ABUSE_GROUP,
+                             events.COMMITTED, timeout_s)  # fmt: skip
 
 
 def _writes_clean(t: traffic.Traffic, allow_timeouts: bool) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
 import json
 import logging
 import ssl
+import time
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,7 +37,7 @@ from cassandra.policies import (
     TokenAwarePolicy,
 )
 from cassandra.query import _clean_column_name
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import SerializationError
@@ -352,6 +354,20 @@ def committed_through(
     finally:
         c.close()
     return all(marks[tp.partition] == 0 or tp.offset >= marks[tp.partition] for tp in got)
+
+
+def caught_up(conf: dict[str, Any], group: str, topic: str, timeout_s: float) -> bool:
+    """Within `timeout_s`, `group` has committed everything `topic` holds at the call
+    (end_offsets, then committed_through every 0.5 s; a coordinator that does not answer is
+    asked again)."""
+    marks = end_offsets(conf, topic)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(KafkaException):
+            if committed_through(conf, group, topic, marks):
+                return True
+        time.sleep(0.5)
+    return False
 
 
 def producer(settings: Settings, **overrides: Any) -> Producer:
