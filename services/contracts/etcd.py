@@ -130,6 +130,7 @@ def client(
     creds: Credentials | None,
     timeout: float,
     ca_file: str | None = None,
+    login_timeout: float = LOGIN_TIMEOUT_S,
 ) -> Client:
     """A client that logs in on connect (over TLS when `ca_file` names the platform's CA); each
     call's deadline is `timeout`, the login's LOGIN_TIMEOUT_S. etcd drops its token when the
@@ -142,13 +143,14 @@ def client(
         password=creds.password if creds else None,
         timeout=timeout,  # aetcd annotates int; grpc takes a float
         ca_file=ca_file,
+        login_timeout=login_timeout,
     )
 
 
-async def connected(c: aetcd.Client) -> aetcd.Client:
-    """`c`, logged in: wait up to LOGIN_TIMEOUT_S for its login, then each call has its own
+async def connected(c: aetcd.Client, login_timeout: float = LOGIN_TIMEOUT_S) -> aetcd.Client:
+    """`c`, logged in: wait up to `login_timeout` for its login, then each call has its own
     (short) deadline. A poller calls this before the call it times."""
-    await asyncio.wait_for(c.connect(), LOGIN_TIMEOUT_S)
+    await asyncio.wait_for(c.connect(), login_timeout)
     return c
 
 
@@ -178,7 +180,10 @@ async def stop_poller(
         closing.exception()  # retrieved, not raised: a broken channel is gone either way
 
 
-def from_settings(settings: Settings, timeout: float) -> aetcd.Client:
+def from_settings(
+    settings: Settings, timeout: float, login_timeout: float = LOGIN_TIMEOUT_S
+) -> aetcd.Client:
     return client(
-        settings.etcd_host, settings.etcd_port, credentials(settings), timeout, settings.tls_ca_file
-    )
+        settings.etcd_host, settings.etcd_port, credentials(settings), timeout,
+        settings.tls_ca_file, login_timeout,
+    )  # fmt: skip
