@@ -351,6 +351,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     collected: xdist reads the groups in its own pytest_collection_modifyitems."""
     group = _stack_of(item.nodeid) if _needs_stack(item) else item.nodeid.split("::")[0]
     item.add_marker(pytest.mark.xdist_group(group))
+    if _needs_stack(item):
+        # the suite's timeout covers the test, not the start of its stack (which the first test
+        # of each stack's group pays, bounded by its own `likes local up` timeout): the second
+        # stack's start took 220-380 s of a loaded CI machine and left its first test too
+        # little of the 600 s (CI, 2026-12-06)
+        timeout = float(item.config.getini("timeout") or 0)
+        item.add_marker(pytest.mark.timeout(timeout, func_only=True))
 
 
 # how far the tests that need no stack step back on the CPU while the stack's tests run beside
