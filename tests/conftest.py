@@ -77,6 +77,14 @@ class Stack:
     def status(self) -> dict[str, dict[str, object]]:
         return json.loads(self.cli("local", "status", "--json").stdout)
 
+    def pid(self, name: str) -> int:
+        """The pid of the stack's running `name`, from the supervisor's records (what `status`
+        lists, without its probe of every server: a CLI process and ~50 probes, TLS logins among
+        them, took 15-20 s of a loaded CI machine each time a test only wanted a pid)."""
+        running = self.supervisor.running()
+        assert name in running, f"{name} is not running (running: {sorted(running)})"
+        return running[name].pid
+
     # addresses, from the same Layout the CLI uses
     @property
     def host(self) -> str:

@@ -429,7 +429,7 @@ def test_writes_a_count_cache_failover_lost_are_written_again(
                                  password=stack.redis_password)  # fmt: skip
             assert direct.execute_command("WAIT", 1, 5000) == 1  # the replica has all of it so far
             replica_port = int(direct.info("replication")["slave0"]["port"])
-            replica_pid = int(stack.status()[name[replica_port]]["pid"])
+            replica_pid = stack.pid(name[replica_port])
             os.kill(replica_pid, signal.SIGSTOP)
             try:
                 # cut the replication link while the replica cannot reconnect: from now on it

@@ -407,7 +407,7 @@ def test_a_slow_then_paused_cassandra_fires_each_alert_it_implies_and_all_resolv
     stop = threading.Event()
     traffic = _Traffic(stack, stop)
     traffic.start()
-    pid = int(stack.status()["cassandra"]["pid"])
+    pid = stack.pid("cassandra")
     fired: dict[str, dict[str, Any]] = {}
     injected = time.time()
     with faults.stop_the_world_pauses(pid):
@@ -548,7 +548,7 @@ def test_independent_worker_and_cache_faults_fire_their_alerts_and_resolve(stack
     have one). Deleting those keys undoes the flicker: the next read fills from the
     counter-store. The idem-store node is a replica, which applies its primary's writes past
     its maxmemory, so no like is refused meanwhile."""
-    relay = int(stack.status()[workloads.OUTBOX_RELAY.name]["pid"])
+    relay = stack.pid(workloads.OUTBOX_RELAY.name)
     replica_index = _node(stack, stack.layout.ports.count_cache, "slave")[0]
     replica = f"count-cache-{replica_index + 1}"
     idem_replica = _node(stack, stack.layout.ports.idem_store, "slave")[1]

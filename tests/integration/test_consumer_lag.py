@@ -129,7 +129,7 @@ def test_a_stopped_aggregator_shows_growing_lag_and_none_once_it_resumes(stack: 
     group = kafka_contract.AGGREGATOR_GROUP
     _wait(lambda: any(t == events.COMMITTED for t, _ in _series(stack, group)),
           "the exporter's series of the aggregator's group")  # fmt: skip
-    pid = int(stack.status()[workloads.AGGREGATOR.name]["pid"])
+    pid = stack.pid(workloads.AGGREGATOR.name)
     os.kill(pid, signal.SIGSTOP)  # hung: alive to the kernel, consuming nothing, reporting nothing
     try:
         partition = produce_like(stack)

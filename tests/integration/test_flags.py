@@ -268,7 +268,7 @@ def test_switches_reach_every_workload_while_a_starved_etcd_makes_each_log_in_ag
     must log in again and then see a switch on-call sets with the CLI. With the login under the
     poll's own 1 s deadline, no workload logged in again (CI, 2026-12-06: three flag tests
     failed after an etcd restart), and the CLI, at 2 s, timed out."""
-    pid = int(stack.status()["etcd"]["pid"])
+    pid = stack.pid("etcd")
     before = _logins(stack)
     with faults.stop_the_world_pauses(pid, pause_s=0.19, run_s=0.01):
         _forget_every_login(stack)
@@ -290,7 +290,7 @@ def test_a_login_outlives_its_callers_deadline_and_a_close_under_it_is_an_error(
     next call waits for that same login, which finishes once etcd resumes. A client closed while
     a caller waits on its login gives that caller an error, not a cancellation that would end a
     poller's task."""
-    pid = int(stack.status()["etcd"]["pid"])
+    pid = stack.pid("etcd")
     creds = stack.etcd_credentials
 
     async def go() -> None:

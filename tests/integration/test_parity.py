@@ -18,8 +18,7 @@ pytestmark = pytest.mark.stack
 
 def running(stack: Stack, name: str) -> tuple[list[str], dict[str, str]]:
     """argv and environment of the stack's process for `name`, as the kernel has them."""
-    pid = stack.status()[name]["pid"]
-    assert isinstance(pid, int), f"{name} is not running"
+    pid = stack.pid(name)
     proc = Path(f"/proc/{pid}")
     argv = proc.joinpath("cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
     env = dict(

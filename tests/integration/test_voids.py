@@ -162,7 +162,7 @@ def a_burst_voided_in_batches(
     bot = f"u-burst-{tag}"
     posts = [f"burst-{i}-{tag}" for i in range(voids.VOID_BATCH + 2)]
     others = [(f"u-burst-by-{i}-{tag}", p) for i, p in enumerate(posts)]  # one like each: human
-    scorer = int(stack.status()[workloads.ABUSE_SCORER.name]["pid"])
+    scorer = stack.pid(workloads.ABUSE_SCORER.name)
     os.kill(scorer, signal.SIGSTOP)
     try:
         intents = [like(stack, api, bot, p) for p in posts]

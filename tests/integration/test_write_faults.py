@@ -116,7 +116,7 @@ def test_a_killed_cassandra_keeps_every_write_it_acknowledged(
         "INSERT INTO edges (user_id, kind, ref, state, void) VALUES (?, 'edge', ?, 'liked', false)"
     )
     refs = [f"p-{i}" for i in range(2000)]
-    pid = int(stack.status()["cassandra"]["pid"])
+    pid = stack.pid("cassandra")
     results = execute_concurrent_with_args(cql, insert, [(user, r) for r in refs], concurrency=64)
     assert all(ok for ok, _ in results)  # every one acknowledged
     os.kill(pid, signal.SIGKILL)  # at once: a CLI would give a periodic sync a second to run
