@@ -550,25 +550,60 @@ class _KillOnFirstVoid:
         return self.killed
 
 
+def read_edges(
+    session: Any, query: Any, pairs: list[tuple[str, str]]
+) -> tuple[dict[tuple[str, str], Any], list[tuple[str, str]]]:
+    """Each (user, post) edge's row by the prepared `query` (None: no edge), and the pairs still
+    unread after EDGE_READ_ATTEMPTS, as a timeout is read again a second later. The probes read
+    a game day's ledger (~1,300 likes) right after its recovery, when a loaded machine's
+    Cassandra timed out a read; the driver's concurrent executor raised that one error (its
+    raise_on_first_error, on by default) and failed the whole probe (CI, abuse-model-down)."""
+    from cassandra import OperationTimedOut, ReadTimeout, Unavailable
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    got: dict[tuple[str, str], Any] = {}
+    todo = list(pairs)
+    for attempt in range(EDGE_READ_ATTEMPTS):
+        if attempt:
+            time.sleep(1.0)
+        rows = execute_concurrent_with_args(
+            session, query, todo, concurrency=32, raise_on_first_error=False
+        )
+        failed = []
+        for pair, (ok, result) in zip(todo, rows, strict=True):
+            if ok:
+                got[pair] = result.one()
+            elif isinstance(result, OperationTimedOut | ReadTimeout | Unavailable):
+                failed.append(pair)
+            else:
+                raise result
+        todo = failed
+        if not todo:
+            break
+    return got, todo
+
+
+EDGE_READ_ATTEMPTS = 3
+EDGE_READ_TIMEOUT_S = 10.0
+
+
 def void_likes(
     pairs: list[tuple[str, str]],
 ) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
     """Which of these (user, post) likes are void in the edge-store now, and which could not be
     read (each caller decides which way an unread one counts against it)."""
-    from cassandra.concurrent import execute_concurrent_with_args
-
     from cli import stack_settings
     from services.contracts import clients
 
-    cluster, session = clients.cassandra(stack_settings.platform_settings())
+    cluster, session = clients.cassandra(
+        stack_settings.platform_settings(), request_timeout=EDGE_READ_TIMEOUT_S
+    )
     try:
         q = session.prepare(
             "SELECT void FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
         )
-        rows = execute_concurrent_with_args(session, q, pairs, concurrency=64)
-        void = {pair for pair, (ok, r) in zip(pairs, rows, strict=True)
-                if ok and (row := r.one()) is not None and row.void}  # fmt: skip
-        return void, {pair for pair, (ok, _r) in zip(pairs, rows, strict=True) if not ok}
+        rows, unread = read_edges(session, q, pairs)
+        return {pair for pair, row in rows.items() if row is not None and row.void}, set(unread)
     finally:
         cluster.shutdown()
 

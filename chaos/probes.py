@@ -27,8 +27,6 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from cassandra import OperationTimedOut, ReadTimeout, Unavailable
-from cassandra.concurrent import execute_concurrent_with_args
 
 from chaos import actions, catalog, traffic
 from cli import stack_settings
@@ -43,7 +41,6 @@ ALERT_WAIT_S = 60.0
 SCORED_WAIT_S = 90.0  # the abuse scorer's catch-up after a bot storm (invariants_hold)
 _ALERT = re.compile(r"^alert: (\w+) -> runbook ")
 FIRE_ONLY = " (fire-only)"
-EDGE_READ_ATTEMPTS = 3  # _Edges: a timed-out read of the truth is read again, this many times
 NOT_CHECKED = {"Watchdog"}  # always firing: its check is that it keeps arriving, not a resolve
 
 
@@ -337,10 +334,10 @@ class _Edges:
     def __init__(self, t: traffic.Traffic) -> None:
         self.t = t
         # the truth is read while the stack recovers on a loaded machine: a generous timeout,
-        # and a read that still times out is read again (EDGE_READ_ATTEMPTS), never taken for
+        # and a read that still times out is read again (actions.read_edges), never taken for
         # a missing edge, nor failing the hypothesis (a kafka-broker-loss run deviated on one)
         self.cluster, self.session = clients.cassandra(
-            stack_settings.platform_settings(), request_timeout=10.0
+            stack_settings.platform_settings(), request_timeout=actions.EDGE_READ_TIMEOUT_S
         )
         self.query = self.session.prepare(
             "SELECT state, void FROM edges WHERE user_id = ? AND kind = 'edge' AND ref = ?"
@@ -348,24 +345,10 @@ class _Edges:
         self.liked: set[tuple[str, str]] = set()
 
     def _rows(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Any]:
-        got: dict[tuple[str, str], Any] = {}
-        todo = pairs
-        for attempt in range(EDGE_READ_ATTEMPTS):
-            rows = execute_concurrent_with_args(self.session, self.query, todo, concurrency=64)
-            failed: list[tuple[str, str]] = []
-            for pair, (ok, result) in zip(todo, rows, strict=True):
-                if ok:
-                    got[pair] = result.one()
-                elif isinstance(result, OperationTimedOut | ReadTimeout | Unavailable):
-                    if attempt == EDGE_READ_ATTEMPTS - 1:
-                        raise result
-                    failed.append(pair)
-                else:
-                    raise result
-            if not failed:
-                break
-            todo = failed
-            time.sleep(1.0)
+        got, unread = actions.read_edges(self.session, self.query, pairs)
+        if unread:
+            raise TimeoutError(f"{len(unread)} edges unread after {actions.EDGE_READ_ATTEMPTS} "
+                               f"attempts, e.g. {unread[:3]}")  # fmt: skip
         return got
 
     def read(self) -> tuple[dict[str, int], list[tuple[str, str]]]:
