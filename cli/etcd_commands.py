@@ -34,7 +34,7 @@ async def _with_etcd(fn: Any) -> Any:
         raise EtcdError(str(e)) from e
     client = etcd.from_settings(s, timeout=CALL_TIMEOUT_S, login_timeout=LOGIN_TIMEOUT_S)
     try:
-        return await fn(await etcd.connected(client, LOGIN_TIMEOUT_S))
+        return await fn(await etcd.connected(client))
     except Exception as e:
         raise EtcdError(f"etcd {s.etcd_host}:{s.etcd_port}: {e!r}") from e
     finally:

@@ -67,7 +67,7 @@ class Client(aetcd.Client):
             if ca_file
             else None
         )
-        self._login_timeout = login_timeout
+        self.login_timeout = login_timeout
         self._login: asyncio.Future[None] | None = None
 
     async def connect(self) -> None:
@@ -100,7 +100,7 @@ class Client(aetcd.Client):
         if self._username is not None and self._password is not None:
             req = rpc.AuthenticateRequest(name=self._username, password=self._password)
             try:
-                resp = await rpc.AuthStub(channel).Authenticate(req, timeout=self._login_timeout)
+                resp = await rpc.AuthStub(channel).Authenticate(req, timeout=self.login_timeout)
             except rpc.AioRpcError as e:
                 aetcd_exceptions._handle_exception(e)  # raises aetcd's own error type
                 raise
@@ -147,10 +147,11 @@ def client(
     )
 
 
-async def connected(c: aetcd.Client, login_timeout: float = LOGIN_TIMEOUT_S) -> aetcd.Client:
-    """`c`, logged in: wait up to `login_timeout` for its login, then each call has its own
-    (short) deadline. A poller calls this before the call it times."""
-    await asyncio.wait_for(c.connect(), login_timeout)
+async def connected(c: aetcd.Client) -> aetcd.Client:
+    """`c`, logged in: wait up to its login timeout (LOGIN_TIMEOUT_S unless it was made with
+    another) for its login, then each call has its own (short) deadline. A poller calls this
+    before the call it times."""
+    await asyncio.wait_for(c.connect(), getattr(c, "login_timeout", LOGIN_TIMEOUT_S))
     return c
 
 
