@@ -17,10 +17,6 @@ console = Console()
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 YesOpt = typer.Option(False, "--yes", "-y", help="do not ask for confirmation")
 CALL_TIMEOUT_S = 5.0  # each call, once logged in
-# The login, longer than a workload's: after an etcd restart every workload logs in again at once,
-# a bcrypt compare each, and a starved member does them one after another. The CLI queues behind
-# them: at 10 s it gave up while on-call pushed a panic (CI, 2026-12-06); a person waits 30 s.
-LOGIN_TIMEOUT_S = 30.0
 
 
 class EtcdError(Exception):
@@ -32,7 +28,7 @@ async def _with_etcd(fn: Any) -> Any:
         s = stack_settings.platform_settings()
     except (ValueError, stack_settings.NoSettings) as e:
         raise EtcdError(str(e)) from e
-    client = etcd.from_settings(s, timeout=CALL_TIMEOUT_S, login_timeout=LOGIN_TIMEOUT_S)
+    client = etcd.from_settings(s, timeout=CALL_TIMEOUT_S)
     try:
         return await fn(await etcd.connected(client))
     except Exception as e:
