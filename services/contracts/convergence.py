@@ -27,6 +27,14 @@ AGG_WINDOW_S = 1.0  # the aggregator's default window (AggregatorSettings.agg_wi
 RELAY_LEASE_TTL_S = 6
 RELAY_LEASE_RENEW_S = RELAY_LEASE_TTL_S / 3
 RELAY_TAKEOVER_S = RELAY_LEASE_TTL_S + RELAY_LEASE_RENEW_S
+# A relay pass that found no outbox row waits this long before the next, not its busy interval
+# (LIKES_RELAY_INTERVAL_S): even idle, a pass reads 16 shards x 4 minute buckets, and at 0.5 s
+# that was a quarter of a core per stack (Cassandra's share included). It is no longer than a
+# renewal, so the leases keep their cadence and RELAY_TAKEOVER_S holds; and no longer than
+# RELAY_REPUBLISH_AFTER_S, so a row written just after an idle pass is seen while still too young
+# to take, and is republished no later than at the busy interval: HOLD_S is unchanged.
+RELAY_IDLE_INTERVAL_S = RELAY_LEASE_RENEW_S
+assert RELAY_IDLE_INTERVAL_S <= RELAY_REPUBLISH_AFTER_S
 
 # The largest clock difference between a writer and the relay that the outbox tolerates: a writer
 # puts its marker in the minute bucket of ITS clock, and the relay keeps re-scanning the buckets of

@@ -1,5 +1,6 @@
 """`python -m services.relay --port P`: drain the outbox shards this replica holds a lease on,
-every LIKES_RELAY_INTERVAL_S, until SIGTERM (then give the leases back)."""
+every LIKES_RELAY_INTERVAL_S while it finds rows (convergence.RELAY_IDLE_INTERVAL_S when it finds
+none), until SIGTERM (then give the leases back)."""
 
 from __future__ import annotations
 
@@ -56,12 +57,16 @@ def main() -> None:
     server = worker_http.serve(args.host, args.port, ready, loop.alive)
     heap.settle()
     log.info("relay started", extra={"fields": {"replica": replica}})
+    idle_s = max(settings.relay_interval_s, convergence.RELAY_IDLE_INTERVAL_S)
     while not stop.is_set():
         loop.turned()
         LOOP_TIMESTAMP.set_to_current_time()
+        wait_s = settings.relay_interval_s
         try:
             res = relay.run_once()
             last_ok.set()
+            if not res.pending:
+                wait_s = idle_s
             if res.published or res.dead_lettered:
                 log.info(
                     "relayed",
@@ -73,7 +78,7 @@ def main() -> None:
             log.warning("edge-store unavailable", extra={"fields": {"error": str(e)}})
         except Exception:
             logging.getLogger("relay").exception("relay pass failed")
-        stop.wait(settings.relay_interval_s)
+        stop.wait(wait_s)
     leases.release()  # the others take these shards at their next renewal, not after the TTL
     server.shutdown()
     publisher.close()

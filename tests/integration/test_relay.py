@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -234,13 +234,30 @@ def test_relay_replicas_share_the_shards_and_take_over_a_dead_ones(
     """Several relays all scanned and republished the same rows (review D4/D11). With leases
     each shard has one owner: every stale row is republished once per pass across replicas, and
     a dead replica's shards (and the rows in them) are taken over once its leases lapse."""
-    from services.relay.leases import ShardLeases
+    from services.relay.leases import SCOPE, ShardLeases
+
+    class Robbed(ShardLeases):
+        """Loses the lease on `rob` to another owner between its read of the lease table and
+        its renewal: the one conditional batch that renews all its leases then applies none."""
+
+        rob: int | None = None
+
+        def _renew(self, shards: Sequence[int], ttl: int, trust_until: float) -> None:
+            if self.rob is not None:
+                cql.execute(
+                    "UPDATE outbox_relay_leases USING TTL %s SET owner = 'thief' "
+                    "WHERE scope = %s AND kind = 'shard' AND ref = %s",
+                    (convergence.RELAY_LEASE_TTL_S, SCOPE, str(self.rob)),
+                )
+            super()._renew(shards, ttl, trust_until)
 
     with own_relays(stack) as (session, publisher):
         relays = [
             OutboxRelay(
                 session, publisher,
-                leases=ShardLeases(session, f"t{i}-{uuid.uuid4().hex[:6]}", OUTBOX_SHARDS),
+                leases=(Robbed if i == 0 else ShardLeases)(
+                    session, f"t{i}-{uuid.uuid4().hex[:6]}", OUTBOX_SHARDS
+                ),
             )
             for i in range(3)
         ]  # fmt: skip
@@ -283,6 +300,17 @@ def test_relay_replicas_share_the_shards_and_take_over_a_dead_ones(
         wait_for(all_out, timeout=60, what="every stale row published")
         assert counted == Counter(dict.fromkeys(ours, 1)), counted
         wait_for(lambda: settled(relays), timeout=60, what="the three shares, still")
+
+        # a lease lost under a renewal costs that shard only: the others are renewed one by one
+        robbed = relays[0].leases
+        assert isinstance(robbed, Robbed)
+        kept = robbed.refresh(force=True)
+        robbed.rob = min(kept)
+        try:
+            assert robbed.refresh(force=True) == kept - {robbed.rob}
+        finally:
+            robbed.rob = None
+        wait_for(lambda: settled(relays), timeout=60, what="the robbed shard back once it lapsed")
         shares = owners()
         assert all(shares), shares
 
