@@ -11,7 +11,8 @@ from services.contracts.settings import Settings
 
 
 class RelaySettings(Settings):
-    relay_interval_s: float = Field(default=0.5, gt=0)  # between passes
+    # between passes that find rows; an idle pass waits convergence.RELAY_IDLE_INTERVAL_S
+    relay_interval_s: float = Field(default=0.5, gt=0)
     # a row Kafka keeps refusing goes to likes.dead-letter after this many failed publishes,
     # at once when Kafka refuses it for what it is (too large, invalid), else once it has been
     # failing this long: a broker outage shorter than that dead-letters nothing
