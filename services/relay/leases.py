@@ -152,9 +152,9 @@ class ShardLeases:
 
     def _renew(self, shards: Sequence[int], ttl: int, trust_until: float) -> None:
         """Renew the leases this replica holds and keeps: all in one conditional batch (they
-        share the lease partition), one Paxos round instead of one per shard; at 16 shards every
-        2 s the rounds were most of an idle relay's cost to the edge-store. A batch applies all
-        or none: if any lease was lost meanwhile, each is renewed on its own."""
+        share the lease partition), one Paxos round instead of one per shard (16 every 2 s, a
+        large part of what an idle relay cost the edge-store). A batch applies all or none: if
+        any lease was lost meanwhile, each is renewed on its own."""
         if len(shards) > 1:
             batch = BatchStatement(
                 consistency_level=ConsistencyLevel.LOCAL_QUORUM,
