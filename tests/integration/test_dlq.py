@@ -57,7 +57,11 @@ def test_a_poisoned_event_fixed_and_replayed_is_counted_once(stack: Stack) -> No
     region = stack.settings().region
     good = events.LikeEvent.new(intent_uuid=str(uuid.uuid4()), user_id=f"u-{tag}", post_id=post,
                                 action="like", reaction="like", delta=1, region=region)  # fmt: skip
-    poison = dataclasses.replace(good, reaction="Like!")  # the aggregator refuses the reaction
+    # the aggregator refuses the reaction. Stamped a minute ahead: `likes dlq replay` refuses an
+    # event older than the dedup horizon (56 s) by its occurred_at, and on a loaded machine the
+    # dead-lettering and the CLI runs before the second replay took 64 s (CI-like run,
+    # 2026-12-07). The aggregator dedups the replays by their own Kafka timestamps, seconds apart
+    poison = dataclasses.replace(good, reaction="Like!", occurred_at=good.occurred_at + 60_000)
     old = dataclasses.replace(
         poison,
         event_id=str(uuid.uuid4()),
@@ -86,8 +90,8 @@ def test_a_poisoned_event_fixed_and_replayed_is_counted_once(stack: Stack) -> No
     # fixed, replayed to the aggregator's group, twice: counted once (the second copy is the same
     # intent within the dedup horizon, not a second like). Done as soon as the poisoned event is
     # listed: the horizon (twice the convergence hold, under a minute) runs from its occurred_at,
-    # and a loaded machine spent the rest of it on the CLI (CI, 2026-12-06: the second replay was
-    # refused as past the horizon, exit 1)
+    # and a loaded machine spent most of it on the CLI (CI, 2026-12-06: the second replay was
+    # refused as past the horizon, exit 1; hence also the minute ahead above)
     mine = wait_for(lambda: letters(1), "the poisoned event dead-lettered", 60)[poison.event_id]
     assert mine["consumer"] == "aggregator" and mine["group"] == kafka.AGGREGATOR_GROUP
     assert "reaction is not a reaction" in mine["error"] and mine["post_id"] == post
