@@ -5,6 +5,7 @@ MirrorMaker 2 locally (one region), so this is where the name is proved."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infra import alert_rules, exporters, kafka, observability, plan
 from local import maven
 from services.contracts import metrics as metric_names
+from services.schema import cql_apply
 from tests.infra.conftest import named
 
 FAKE = Path(__file__).resolve().parent / "jmx" / "FakeMirrorMaker.java"
@@ -131,3 +133,25 @@ def test_the_rules_export_task_state_and_skip_what_is_not_listed(
     assert not [n for n in scrape if n.startswith("kafka_producer")]
     rules = yaml.safe_load(exporters.MM2_JMX_RULES.read_text())
     assert rules["includeObjectNames"] and rules["rules"]
+
+
+def test_the_cassandra_rules_name_every_mbean_and_every_table_of_the_schema() -> None:
+    """No wildcard in includeObjectNames (the JDK walks every MBean of the domain per pattern:
+    most of a scrape's CPU), and so the per-table MBeans are spelled out: exactly the tables the
+    schema creates, so a new table is not silently left unwatched."""
+    names = yaml.safe_load(exporters.CASSANDRA_JMX_RULES.read_text())["includeObjectNames"]
+    assert names and not [n for n in names if "*" in n or "?" in n]
+    created = {
+        m.group(1)
+        for stmt in cql_apply.statements({"datacenter1": 1})
+        if (m := re.match(r"CREATE TABLE IF NOT EXISTS likes\.(\w+)", stmt.strip()))
+    }
+    by_metric: dict[str, set[str]] = {}
+    for n in names:
+        keys = dict(kv.split("=", 1) for kv in n.split(":", 1)[1].split(","))
+        if keys.get("type") == "Table":
+            assert keys["keyspace"] == "likes", n
+            by_metric.setdefault(keys["name"], set()).add(keys["scope"])
+    assert len(created) >= 5 and by_metric
+    for metric, tables in by_metric.items():
+        assert tables == created, f"{metric}: {sorted(tables ^ created)}"
