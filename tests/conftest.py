@@ -41,11 +41,14 @@ LIKES = str(Path(sys.executable).parent / "likes")
 # the modules run on the second stack with LIKES_TEST_STACKS=2: long waits on alert windows
 # (~11 min of the suite), each test inducing and undoing its own faults; then game-day
 # experiments, which the first stack's worker has no room for; then test_write_faults (~180 s):
-# in a CI-like run the second stack's worker was done ~350 s before the first stack's
+# in a CI-like run the second stack's worker was done ~350 s before the first stack's; then
+# test_recount (~110 s): the no-stack tests before the second stack lost ~200 s (ci27 had the
+# two workers end 22 s apart)
 SECOND_STACK = frozenset(
     {
         "tests/integration/test_alerts.py",
         "tests/integration/test_gameday.py",
+        "tests/integration/test_recount.py",
         "tests/integration/test_write_faults.py",
     }
 )
