@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infra import alert_rules, exporters, kafka, observability, plan
 from local import maven
 from services.contracts import metrics as metric_names
-from services.schema import cql_apply
+from services.schema import cql_apply, cql_roles
 from tests.infra.conftest import named
 
 FAKE = Path(__file__).resolve().parent / "jmx" / "FakeMirrorMaker.java"
@@ -140,17 +140,18 @@ def test_the_cassandra_rules_name_every_mbean_and_every_table_of_the_schema() ->
     most of a scrape's CPU), and so the per-table MBeans are spelled out: exactly the tables the
     schema creates, so a new table is not silently left unwatched."""
     names = yaml.safe_load(exporters.CASSANDRA_JMX_RULES.read_text())["includeObjectNames"]
+    ks = cql_roles.KEYSPACE
     assert names and not [n for n in names if "*" in n or "?" in n]
     created = {
         m.group(1)
         for stmt in cql_apply.statements({"datacenter1": 1})
-        if (m := re.match(r"CREATE TABLE IF NOT EXISTS likes\.(\w+)", stmt.strip()))
+        if (m := re.match(rf"CREATE TABLE IF NOT EXISTS {ks}\.(\w+)", stmt.strip()))
     }
     by_metric: dict[str, set[str]] = {}
     for n in names:
         keys = dict(kv.split("=", 1) for kv in n.split(":", 1)[1].split(","))
         if keys.get("type") == "Table":
-            assert keys["keyspace"] == "likes", n
+            assert keys["keyspace"] == ks, n
             by_metric.setdefault(keys["name"], set()).add(keys["scope"])
     assert len(created) >= 5 and by_metric
     for metric, tables in by_metric.items():
