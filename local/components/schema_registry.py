@@ -26,6 +26,10 @@ from services.contracts import kafka as kafka_contract
 from services.contracts import registry, tls
 from services.schema import registry_schemas
 
+# how long the deploy step waits for one registry call: beyond the registry's own wait for its
+# write to Kafka (local.schema_registry.store, 30 s), so a slow write gets its own answer
+BOOTSTRAP_TIMEOUT_S = 40.0
+
 
 def credentials(layout: Layout) -> registry.Credentials:
     """The services' registry login (the program's schema-registry-auth secret, as played here)."""
@@ -65,9 +69,11 @@ class SchemaRegistry(Component):
         self.port = layout.ports.schema_registry
         self.url = url(layout)
 
-    def client(self) -> SchemaRegistryClient:
+    def client(self, timeout: float = 2) -> SchemaRegistryClient:
         return SchemaRegistryClient(
-            registry.client_config(self.url, credentials(self.layout), ca_file=ca_file(self.layout))
+            registry.client_config(
+                self.url, credentials(self.layout), timeout, ca_file=ca_file(self.layout)
+            )
         )
 
     def servers(self) -> list[Server]:
@@ -143,7 +149,11 @@ class SchemaRegistry(Component):
     def bootstrap(self) -> None:
         # production's deploy step (the schema-registration Job): the repository's schemas under
         # their subjects, FORWARD (a new event schema stays readable by consumers on the old one)
-        client = self.client()
+        # a deploy step, not a user's request: the first registration is the registry's first
+        # write to its Kafka topic (the producer's TLS and SCRAM handshakes, acks=all), and on a
+        # loaded 2-core machine it outlasted the 2 s a service waits, four tries in a row (a CI
+        # run's second test stack, started while the first ran its tests: ReadTimeout)
+        client = self.client(timeout=BOOTSTRAP_TIMEOUT_S)
         try:
             registry_schemas.apply(client, registry_schemas.subjects())
         finally:
