@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from chaos.k8s import DEFAULT_STACK
+from chaos.lanes import MAX_LANES
 
 if TYPE_CHECKING:
     from chaos import runner as runner_types
@@ -161,11 +162,24 @@ def gameday(
         Path, typer.Option(help="Where the journals and the report (Markdown, HTML) go.")
     ] = Path("gameday"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the verdicts as JSON.")] = False,
+    lanes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_LANES,
+            help="Run the experiments on this many stacks at once. Lane 1 is this stack; each "
+            "other lane is a scratch stack of its own (its home beside this one's, its ports "
+            "shifted), brought up for the game day and wiped after it. No two experiments share "
+            "a stack, so no fault compounds another's. The faults profile's experiments all run "
+            "on the last lane. On 2 cores, 2.",
+        ),
+    ] = 1,
 ) -> None:
-    """Run every experiment (or --only some) one after the other against the local stack, then
-    write a journal per experiment and one report (report.md with plots/, report.html). Exit 0
-    when all passed, 1 when any deviated or failed, 2 when an id is unknown. Ctrl-C stops the
-    traffic, rolls the stack back and writes the report of what ran."""
+    """Run every experiment (or --only some) one after the other against the local stack (or
+    on --lanes stacks at once), then write a journal per experiment and one report (report.md
+    with plots/, report.html). Exit 0 when all passed, 1 when any deviated or failed, 2 when an
+    id is unknown. Ctrl-C stops the traffic, rolls the stacks back and writes the report of
+    what ran."""
     from chaos import actions, catalog, report, runner
     from local import layout
 
@@ -179,6 +193,9 @@ def gameday(
     # the faults profile's experiments last: the stack switches to it once (a restart of every
     # server) and back to what it was at the end
     ids = sorted((i for i in runnable if not wanted or i in wanted), key=runner.needs_faults)
+    if lanes > 1:
+        _gameday_in_lanes(ids, lanes, out, json_out)
+        return
     found = layout.from_env().faults
     results: list[runner.Result] = []
     interrupted = False
@@ -211,6 +228,116 @@ def gameday(
         print(json.dumps({**report.summary(results), "report": str(md), "html": str(page)}))
     else:
         console.print(f"report: {md} and {page}")
+    if interrupted:
+        raise typer.Exit(130)
+    if any(r.verdict != "passed" for r in results):
+        raise typer.Exit(1)
+
+
+def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None:
+    """`gameday --lanes N` (chaos/lanes.py): each lane's game day is a `likes chaos gameday
+    --only` process on its own stack, its output prefixed with its lane; the report merges
+    their journals. The lanes run in sessions of their own, so a Ctrl-C here reaches each
+    exactly once (forwarded): a second one landing in a lane's rollback would cut it short."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from chaos import lanes as lanes_
+    from chaos import report
+    from local import layout
+
+    base = layout.from_env()
+    est = {i: lanes_.estimate_s(i) for i in ids}
+    plan = lanes_.plan(ids, n, base.home, base.ports.offset, est)
+    if not json_out:
+        t = Table(title=f"{len(ids)} experiments on {len(plan)} lanes, expected "
+                        f"~{lanes_.expected_end_s(plan, est) / 60:.0f} min")  # fmt: skip
+        for col in ("lane", "stack", "ports +", "experiments", "expected"):
+            t.add_column(col)
+        for lane in plan:
+            t.add_row(str(lane.number), str(lane.home) + (" (scratch)" if lane.scratch else ""),
+                      str(lane.offset), str(len(lane.ids)),
+                      f"{sum(est[i] for i in lane.ids) / 60:.1f} min")  # fmt: skip
+        console.print(t)
+    started = time.monotonic()
+    failures: dict[int, str] = {}
+    running: dict[int, subprocess.Popen[str]] = {}
+    exits: dict[int, int | None] = {}
+    stopping = threading.Event()
+
+    def say(lane: lanes_.Lane, line: str) -> None:
+        if not json_out:
+            console.print(f"lane {lane.number} | {line}", markup=False, highlight=False)
+
+    def spawn(lane: lanes_.Lane, argv: list[str]) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            argv, env=lane.env(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        running[lane.number] = proc
+        return proc
+
+    def run_lane(lane: lanes_.Lane) -> None:
+        try:
+            if lane.scratch:
+                say(lane, f"bringing its stack up ({lane.home}, ports +{lane.offset})")
+                up = spawn(lane, lanes_.up_command(base.tls))
+                output, _ = up.communicate()
+                if up.returncode != 0:
+                    tail = " / ".join(output.strip().splitlines()[-3:])
+                    failures[lane.number] = f"lane {lane.number}'s stack did not start: {tail}"
+                    say(lane, failures[lane.number])
+                    return
+            if stopping.is_set():
+                return
+            proc = spawn(lane, lanes_.command(lane, out / f"lane-{lane.number}"))
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                say(lane, line.rstrip())
+            exits[lane.number] = proc.wait()
+        finally:
+            if lane.scratch:
+                say(lane, "taking its stack down (wiped)")
+                subprocess.run(lanes_.down_command(), env=lane.env(os.environ),
+                               capture_output=True, timeout=300)  # fmt: skip
+
+    threads = [threading.Thread(target=run_lane, args=(lane,), daemon=True) for lane in plan]
+    for th in threads:
+        th.start()
+    interrupted = False
+    while any(th.is_alive() for th in threads):
+        try:
+            for th in threads:
+                th.join(0.5)
+        except KeyboardInterrupt:
+            if not interrupted:
+                interrupted = True
+                stopping.set()
+                err.print("[yellow]interrupted:[/] every lane stops its traffic and rolls back; "
+                          "scratch stacks are taken down")  # fmt: skip
+                for proc in list(running.values()):
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGINT)
+    results = [r for lane in plan
+               for r in lanes_.results(lane, out / f"lane-{lane.number}" / "journals",
+                                       failures.get(lane.number))]  # fmt: skip
+    order = {i: k for k, i in enumerate(ids)}
+    results.sort(key=lambda r: order[r.id])
+    md, page = report.write(results, out)
+    took = round(time.monotonic() - started, 1)
+    if json_out:
+        lanes_out = [{"lane": lane.number, "home": str(lane.home), "offset": lane.offset,
+                      "ids": list(lane.ids), "exit": exits.get(lane.number),
+                      "failure": failures.get(lane.number)} for lane in plan]  # fmt: skip
+        print(json.dumps({**report.summary(results), "duration_s": took, "lanes": lanes_out,
+                          "report": str(md), "html": str(page)}))  # fmt: skip
+    else:
+        passed = sum(r.verdict == "passed" for r in results)
+        console.print(f"{passed} of {len(results)} passed in {took / 60:.1f} min; "
+                      f"report: {md} and {page}")  # fmt: skip
     if interrupted:
         raise typer.Exit(130)
     if any(r.verdict != "passed" for r in results):

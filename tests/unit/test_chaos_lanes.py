@@ -1,0 +1,188 @@
+"""`likes chaos gameday --lanes N` (chaos/lanes.py): the plan that splits the experiments over
+the lanes, the scratch stacks' ports, and the orchestration of the lanes' game days, which here
+run as stand-in commands that write the journals a lane's game day would (no stack is started:
+test_gameday runs the experiments themselves on the second test stack)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chaos import catalog, lanes
+from chaos.runner import Result, needs_faults
+from cli.main import app
+from local import layout
+from services.contracts.convergence import HOLD_S
+
+RUNNABLE = sorted(
+    (m.id for m in catalog.modes() if m.enactable and m.has_experiment), key=needs_faults
+)
+FAULTS = {i for i in RUNNABLE if needs_faults(i)}
+EST = {i: lanes.estimate_s(i) for i in RUNNABLE}
+runner = CliRunner()
+
+
+def _with_buses(offset: int) -> set[int]:
+    """Every port of a stack at `offset`, with its Redis clusters' bus ports (+10000)."""
+    p = layout.Ports(offset)
+    return p.every() | {q + 10000 for q in [*p.count_cache, *p.idem_store, *p.feature_store]}
+
+
+def test_scratch_lanes_share_no_port_with_any_other_stack_of_the_machine() -> None:
+    # the default stack, the two test stacks, test_gateway's edge, and the lanes themselves
+    offsets = [0, 1000, 2000, 7000, *lanes.LANE_OFFSETS]
+    for i, a in enumerate(offsets):
+        for b in offsets[i + 1 :]:
+            shared = _with_buses(a) & _with_buses(b)
+            assert not shared, f"offsets {a} and {b} share ports {sorted(shared)[:5]}"
+
+
+def test_every_experiment_runs_on_exactly_one_lane_and_the_faults_ones_on_the_last() -> None:
+    home = Path("/stacks/prod-us")
+    for n in range(1, lanes.MAX_LANES + 1):
+        plan = lanes.plan(RUNNABLE, n, home, 0, EST)
+        ran = [i for lane in plan for i in lane.ids]
+        assert sorted(ran) == sorted(RUNNABLE) and len(ran) == len(set(ran))
+        assert [lane.number for lane in plan] == list(range(1, n + 1))
+        assert (plan[0].home, plan[0].offset, plan[0].scratch) == (home, 0, False)
+        for lane in plan[1:]:
+            assert lane.scratch and lane.home.parent == home.parent and lane.home != home
+            assert lane.offset == lanes.LANE_OFFSETS[lane.number - 2]
+        assert FAULTS, "the catalog has network faults: this test would see nothing"
+        assert set(plan[-1].ids) >= FAULTS
+        for lane in plan:  # within a lane, a game day's order: the faults profile's last
+            flags = [i in FAULTS for i in lane.ids]
+            assert flags == sorted(flags)
+
+
+def test_two_lanes_balance_the_expected_durations() -> None:
+    est = EST
+    alone = sum(est.values())
+    plan = lanes.plan(RUNNABLE, 2, Path("/h"), 0, est)
+    ends = [
+        sum(est[i] for i in lane.ids) + (lanes.LANE_START_S if lane.scratch else 0) for lane in plan
+    ]
+    # LPT: no lane ends later than half the work plus the scratch lane's start and the longest
+    # experiment, plus the one profile switch
+    bound = (alone + lanes.LANE_START_S) / 2 + max(est.values()) + lanes.PROFILE_SWITCH_S
+    assert max(ends) <= bound, (ends, bound)
+    assert lanes.expected_end_s(plan, est) < 0.6 * alone
+
+
+def test_an_estimate_is_the_pauses_the_hold_and_the_overhead() -> None:
+    exp = {
+        "method": [{"pauses": {"after": 5}}, {"pauses": {"before": 2, "after": 30}}, {}],
+        "rollbacks": [{"pauses": {"after": 1}}],
+    }
+    assert lanes.estimate_s("x", exp) == 38 + HOLD_S + lanes.OVERHEAD_S
+
+
+def test_a_lane_count_out_of_range_is_refused() -> None:
+    for n in (0, lanes.MAX_LANES + 1):
+        with pytest.raises(ValueError, match="lanes must be"):
+            lanes.plan(RUNNABLE, n, Path("/h"), 0)
+    # no scratch lane without work: one experiment, or too little to outlast a lane's start
+    assert len(lanes.plan(RUNNABLE[:1], 3, Path("/h"), 0, EST)) == 1
+    assert [lane.number for lane in lanes.plan(RUNNABLE[:2], 2, Path("/h"), 0, EST)] == [1]
+    r = runner.invoke(app, ["chaos", "gameday", "--lanes", str(lanes.MAX_LANES + 1)])
+    assert r.exit_code == 2 and "--lanes" in r.output
+    r = runner.invoke(app, ["chaos", "gameday", "--lanes", "2", "--only", "no-such-mode"])
+    assert r.exit_code == 2 and "no-such-mode" in r.output
+
+
+def test_a_missing_journal_is_a_failed_experiment_with_the_reason(tmp_path: Path) -> None:
+    lane = lanes.Lane(2, Path("/h-lane2"), 4000, ("a", "b"))
+    found = Result("a", "completed", False, "passed", 61.5, [], {"checks": {"x": True}})
+    (tmp_path / "a.json").write_text(json.dumps({"status": "completed", "likes": found.as_dict()}))
+    (tmp_path / "c.json").write_text("{not json")
+    got = lanes.results(lane, tmp_path)
+    assert got[0] == found
+    assert (got[1].id, got[1].verdict) == ("b", "failed")
+    assert "lane 2 stopped" in got[1].failed_activities[0]
+    why = lanes.results(lane, tmp_path, "lane 2's stack did not start: refused")
+    assert why[1].failed_activities == ["lane 2's stack did not start: refused"]
+
+
+# a lane's game day, played: journals for its ids under <out>/journals, each verdict from
+# VERDICTS (passed by default); the ids and the lane's home go to a record file
+FAKE_GAMEDAY = """
+import json, os, sys
+from pathlib import Path
+ids, out = sys.argv[1].split(","), Path(sys.argv[2])
+verdicts = json.loads(os.environ.get("VERDICTS", "{}"))
+(out / "journals").mkdir(parents=True, exist_ok=True)
+for i in ids:
+    v = verdicts.get(i, "passed")
+    r = {"id": i, "status": "completed", "deviated": v == "deviated", "verdict": v,
+         "duration_s": 1.0, "failed_activities": [], "checks": {}, "journal": None}
+    (out / "journals" / f"{i}.json").write_text(json.dumps({"likes": r}))
+    print(f"{i} {v}", flush=True)
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({"home": os.environ["LIKES_HOME"], "ids": ids}) + "\\n")
+"""
+
+
+@pytest.fixture
+def played(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The lanes' commands replaced by stand-ins; returns the record file."""
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("RECORD", str(record))
+    monkeypatch.setenv("LIKES_HOME", str(tmp_path / "stack"))
+    monkeypatch.setattr(
+        lanes,
+        "command",
+        lambda lane, out: [sys.executable, "-c", FAKE_GAMEDAY, ",".join(lane.ids), str(out)],
+    )
+    monkeypatch.setattr(lanes, "up_command", lambda tls: [sys.executable, "-c", "pass"])
+    down = (
+        "import os; open(os.environ['RECORD'], 'a')"
+        ".write('down ' + os.environ['LIKES_HOME'] + '\\n')"
+    )
+    monkeypatch.setattr(lanes, "down_command", lambda: [sys.executable, "-c", down])
+    return record
+
+
+def test_two_lanes_run_their_shares_on_their_own_stacks_and_one_report_holds_all(
+    played: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = RUNNABLE[:6]
+    monkeypatch.setenv("VERDICTS", json.dumps({ids[3]: "deviated"}))
+    out = tmp_path / "gd"
+    r = runner.invoke(app, ["chaos", "gameday", "--lanes", "2", "--only", ",".join(ids),
+                            "--out", str(out), "--json"])  # fmt: skip
+    assert r.exit_code == 1, r.output  # one deviated
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    assert [e["id"] for e in summary["experiments"]] == ids  # the game day's order
+    assert summary["passed"] == 5
+    assert {e["id"]: e["verdict"] for e in summary["experiments"]}[ids[3]] == "deviated"
+    lines = played.read_text().splitlines()
+    runs = [json.loads(x) for x in lines if x.startswith("{")]
+    homes = {Path(x["home"]).name: x["ids"] for x in runs}
+    assert set(homes) == {"stack", "stack-lane2"}
+    assert sorted(homes["stack"] + homes["stack-lane2"]) == sorted(ids)
+    assert [x for x in lines if x.startswith("down")] == [f"down {tmp_path / 'stack-lane2'}"]
+    report = (out / "report.md").read_text()
+    assert all(f"[{i}]" in report for i in ids) and "5 of 6 experiments passed" in report
+
+
+def test_a_lane_whose_stack_does_not_start_fails_its_experiments_and_is_still_taken_down(
+    played: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        lanes, "up_command", lambda tls: [sys.executable, "-c", "print('port taken'); exit(1)"]
+    )
+    ids = RUNNABLE[:8]
+    r = runner.invoke(app, ["chaos", "gameday", "--lanes", "2", "--only", ",".join(ids),
+                            "--out", str(tmp_path / "gd"), "--json"])  # fmt: skip
+    assert r.exit_code == 1, r.output
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    lane2 = next(x for x in summary["lanes"] if x["lane"] == 2)
+    assert "did not start: port taken" in lane2["failure"] and lane2["ids"]
+    verdicts = {e["id"]: e["verdict"] for e in summary["experiments"]}
+    assert {verdicts[i] for i in lane2["ids"]} == {"failed"}
+    assert {verdicts[i] for i in ids if i not in lane2["ids"]} == {"passed"}
+    assert f"down {tmp_path / 'stack-lane2'}" in played.read_text()
