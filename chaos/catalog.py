@@ -25,6 +25,7 @@ class Mode:
     profile: str | None
     fidelity: str | None
     production_only: str | None
+    alone: str | None = None  # why a game day's other lanes must be idle while it runs
 
     @property
     def experiment(self) -> Path:
@@ -39,7 +40,7 @@ class Mode:
             "id": self.id, "component": self.component, "enactable": self.enactable,
             "experiment": self.has_experiment, "profile": self.profile,
             "targets": list(self.targets), "fidelity": self.fidelity,
-            "production_only": self.production_only, "seed": self.seed,
+            "production_only": self.production_only, "alone": self.alone, "seed": self.seed,
         }  # fmt: skip
 
 
@@ -48,7 +49,7 @@ def _mode(m: dict[str, Any]) -> Mode:
         id=m["id"], component=m["component"], seed=m["seed"], holds=tuple(m.get("holds", ())),
         enactable=bool(m["enactable"]), targets=tuple(m.get("targets") or ()),
         profile=m.get("profile"), fidelity=m.get("fidelity"),
-        production_only=m.get("production_only"),
+        production_only=m.get("production_only"), alone=m.get("alone"),
     )  # fmt: skip
 
 

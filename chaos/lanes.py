@@ -13,6 +13,11 @@ Lanes never share a stack, so no experiment's fault compounds another's, and eac
 ledger and convergence are its own: an experiment means on a lane what it means alone. What the
 lanes share is the machine; on 2 cores, 2 lanes.
 
+Some experiments judge a rate: a flash crowd must cross the hot-key sampler's detection floor,
+which the load of a second stack on 2 cores kept it under (116 reads/s in a 2-lane game day). The
+catalog marks those `alone` (with the reason): such an experiment waits for every other lane to
+finish the experiment it is running, and no lane starts another until it is done (turn()).
+
 The experiments that need the faults profile (Toxiproxy in front of every node) all go to the
 last scratch lane: only that stack restarts into the profile, and the stack the game day was
 started on never does.
@@ -20,9 +25,11 @@ started on never does.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +86,11 @@ def _faults_profile() -> set[str]:
     return {m.id for m in catalog.modes() if m.profile == "faults"}
 
 
+def _alone() -> set[str]:
+    """The modes the catalog says must run alone (turn())."""
+    return {m.id for m in catalog.modes() if m.alone}
+
+
 def plan(
     ids: Sequence[str],
     lanes: int,
@@ -89,8 +101,9 @@ def plan(
     """Every id on exactly one lane, the lanes' expected ends as even as the estimates allow
     (longest first, each to the lane that ends soonest: LPT). A scratch lane starts LANE_START_S
     late; the faults profile's experiments all go to the last lane (one profile switch, on a
-    scratch stack), after its others, as a game day orders them. A scratch lane that would get
-    nothing is left out (its number stays unused: the numbers name the ports)."""
+    scratch stack), after its others, as a game day orders them. An experiment that runs alone
+    lengthens every lane by its estimate. A scratch lane that would get nothing is left out (its
+    number stays unused: the numbers name the ports)."""
     if not 1 <= lanes <= MAX_LANES:
         raise ValueError(f"lanes must be 1 to {MAX_LANES}, not {lanes}")
     est = {i: (estimates or {}).get(i) or estimate_s(i) for i in ids}
@@ -103,16 +116,22 @@ def plan(
         last = lanes - 1
         share[last] += faults
         ends[last] += sum(est[i] for i in faults) + (PROFILE_SWITCH_S if last else 0)
+    alone = _alone()
     for i in sorted((i for i in ids if i not in faults), key=lambda i: -est[i]):
         k = min(range(lanes), key=lambda k: ends[k])
         share[k].append(i)
-        ends[k] += est[i]
+        if i in alone:  # every lane waits it out
+            ends = [e + est[i] for e in ends]
+        else:
+            ends[k] += est[i]
     order = {i: n for n, i in enumerate(ids)}
     out = []
     for k, chosen in enumerate(share):
         if k and not chosen:
             continue  # a scratch lane with no work is not worth its stack
-        chosen.sort(key=lambda i: (i in faults, order[i]))
+        # alone ones after the others: lane 1's would otherwise idle through a scratch lane's
+        # start (a load the stage is held for, as for an experiment)
+        chosen.sort(key=lambda i: (i in faults, i in alone, order[i]))
         if k == 0:
             out.append(Lane(1, home, offset, tuple(chosen)))
         else:
@@ -123,10 +142,12 @@ def plan(
 
 def expected_end_s(lanes: Sequence[Lane], estimates: Mapping[str, float]) -> float:
     """When the last lane is expected to end, by the estimates plan() balanced them with."""
-    profile = _faults_profile()
+    profile, alone = _faults_profile(), _alone()
+    waits = sum(estimates[i] for lane in lanes for i in lane.ids if i in alone)
     return max(
         (LANE_START_S if lane.scratch else 0.0)
-        + sum(estimates[i] for i in lane.ids)
+        + sum(estimates[i] for i in lane.ids if i not in alone)
+        + waits
         + (PROFILE_SWITCH_S if lane.scratch and profile.intersection(lane.ids) else 0)
         for lane in lanes
     )
@@ -150,10 +171,39 @@ def results(lane: Lane, journals: Path, failure: str | None = None) -> list[Resu
     return out
 
 
-def command(lane: Lane, out: Path) -> list[str]:
-    """The lane's game day: its share, its own output folder."""
+def command(lane: Lane, out: Path, locks: Path) -> list[str]:
+    """The lane's game day: its share, its own output folder, the lanes' shared `locks`; a
+    scratch lane leaves its stack in the faults profile (it is wiped next)."""
     return [sys.executable, "-m", "cli.main", "chaos", "gameday", "--only", ",".join(lane.ids),
-            "--out", str(out)]  # fmt: skip
+            "--out", str(out), "--lane-locks", str(locks),
+            *(["--no-restore-profile"] if lane.scratch else [])]  # fmt: skip
+
+
+@contextlib.contextmanager
+def turn(locks: Path | None, alone: bool) -> Iterator[None]:
+    """Hold the lanes' stage for one experiment: shared by any number of lanes, or for this
+    lane `alone`. Two flock(2) files in `locks` (None: no lanes, nothing to hold): `stage`,
+    held shared by each running experiment and exclusively by one that runs alone, and `gate`,
+    which a lane passes before taking the stage, and which one waiting to run alone holds
+    meanwhile: the lanes that end their experiment cannot start another and keep the stage
+    from ever coming free. The kernel drops a dead lane's locks."""
+    if locks is None:
+        yield
+        return
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / "gate", "a+") as gate, open(locks / "stage", "a+") as stage:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(stage, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(stage, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 def up_command(tls: bool) -> list[str]:

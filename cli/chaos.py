@@ -174,6 +174,14 @@ def gameday(
             "on the last lane. On 2 cores, 2.",
         ),
     ] = 1,
+    lane_locks: Annotated[
+        Path | None,
+        typer.Option(hidden=True, help="A lane's: the lanes' shared locks (chaos/lanes.turn)."),
+    ] = None,
+    restore_profile: Annotated[
+        bool,
+        typer.Option(hidden=True, help="--no-restore-profile: a scratch lane's, wiped after."),
+    ] = True,
 ) -> None:
     """Run every experiment (or --only some) one after the other against the local stack (or
     on --lanes stacks at once), then write a journal per experiment and one report (report.md
@@ -181,6 +189,7 @@ def gameday(
     id is unknown. Ctrl-C stops the traffic, rolls the stacks back and writes the report of
     what ran."""
     from chaos import actions, catalog, report, runner
+    from chaos import lanes as lanes_
     from local import layout
 
     runnable = [m.id for m in catalog.modes() if m.enactable and m.has_experiment]
@@ -206,7 +215,8 @@ def gameday(
                     console.print("switching to the faults profile (every server restarts)")
                 console.print(f"[{n}/{len(ids)}] {mode_id} ...")
             try:
-                r = runner.run(mode_id, out / "journals", restore_profile=False)
+                with lanes_.turn(lane_locks, catalog.mode(mode_id).alone is not None):
+                    r = runner.run(mode_id, out / "journals", restore_profile=False)
             except runner.Interrupted as stopped:
                 results.append(stopped.result)  # the report shows it, verdict failed
                 raise
@@ -218,7 +228,7 @@ def gameday(
         interrupted = True
         err.print("[yellow]interrupted:[/] traffic stopped, stack rolled back; reporting what ran")
     finally:
-        if layout.from_env().faults != found:
+        if restore_profile and layout.from_env().faults != found:
             if not json_out:
                 way = "back to" if found else "out of"
                 console.print(f"switching the stack {way} the faults profile")
@@ -284,8 +294,9 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
         try:
             if lane.scratch:
                 say(lane, f"bringing its stack up ({lane.home}, ports +{lane.offset})")
-                up = spawn(lane, lanes_.up_command(base.tls))
-                output, _ = up.communicate()
+                with lanes_.turn(out / ".lanes", alone=False):  # a load as an experiment is
+                    up = spawn(lane, lanes_.up_command(base.tls))
+                    output, _ = up.communicate()
                 if up.returncode != 0:
                     tail = " / ".join(output.strip().splitlines()[-3:])
                     failures[lane.number] = f"lane {lane.number}'s stack did not start: {tail}"
@@ -293,7 +304,7 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
                     return
             if stopping.is_set():
                 return
-            proc = spawn(lane, lanes_.command(lane, out / f"lane-{lane.number}"))
+            proc = spawn(lane, lanes_.command(lane, out / f"lane-{lane.number}", out / ".lanes"))
             assert proc.stdout is not None
             for line in proc.stdout:
                 say(lane, line.rstrip())

@@ -25,7 +25,7 @@ RUNBOOKS = REPO / "runbooks"
 KEBAB = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 REQUIRED = ("id", "component", "seed", "holds", "enactable")
 ENACTED = ("enactment", "targets", "fidelity")
-KNOWN = {*REQUIRED, *ENACTED, "profile", "production_only"}
+KNOWN = {*REQUIRED, *ENACTED, "profile", "production_only", "alone"}
 
 # DESIGN.md's invariants, by number, as the catalog names them
 INVARIANTS = {
@@ -145,10 +145,12 @@ def test_an_entry_has_its_fields(mode: dict[str, Any]) -> None:
         assert isinstance(mode["enactment"], str) and mode["enactment"].strip()
         assert FIDELITY.fullmatch(mode["fidelity"]), mode["fidelity"]
         assert isinstance(mode["targets"], list)
+        if "alone" in mode:  # a game day's other lanes idle while it runs: say why
+            assert isinstance(mode["alone"], str) and mode["alone"].strip()
     else:
         assert isinstance(mode.get("production_only"), str) and mode["production_only"].strip()
         assert not set(ENACTED) & set(mode), "a production-only mode is not enacted locally"
-        assert "profile" not in mode
+        assert "profile" not in mode and "alone" not in mode
 
 
 @pytest.mark.parametrize("mode", modes(), ids=lambda m: str(m.get("id")))

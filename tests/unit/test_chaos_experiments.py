@@ -322,3 +322,9 @@ def test_a_game_day_runs_the_network_faults_last_and_switches_back_once(
     assert res.exit_code == 0, res.output
     assert ran == [(PROCESS_MODE, False), (NETWORK_MODE, True), ("kafka-cross-az-partition", True)]
     assert switched == [True, True, False] and profile["faults"] is False
+    # a scratch lane's game day (chaos/lanes.py) leaves its stack in the profile: wiped next
+    switched.clear()
+    res = CliRunner().invoke(app, ["chaos", "gameday", "--only", only, "--out", str(tmp_path),
+                                   "--no-restore-profile"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert switched == [True, True] and profile["faults"] is True
