@@ -64,6 +64,16 @@ def mode(mode_id: str) -> Mode:
     return by_id[mode_id]
 
 
+def faults_profile() -> set[str]:
+    """The modes whose experiments need the faults profile (Toxiproxy in front of the nodes)."""
+    return {m.id for m in modes() if m.profile == "faults"}
+
+
+def alone() -> set[str]:
+    """The modes whose experiments a game day runs while its other lanes idle (chaos/lanes.py)."""
+    return {m.id for m in modes() if m.alone}
+
+
 def experiment(mode_id: str) -> dict[str, Any]:
     m = mode(mode_id)
     if not m.enactable:

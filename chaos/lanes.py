@@ -64,6 +64,10 @@ class Lane:
     def scratch(self) -> bool:
         return self.number > 1
 
+    def folder(self, out: Path) -> Path:
+        """Where the lane's game day writes its journals and report, in the game day's `out`."""
+        return out / f"lane-{self.number}"
+
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The environment of this lane's `likes` commands: its stack's home and ports."""
         return {**base, "LIKES_HOME": str(self.home), "LIKES_PORT_OFFSET": str(self.offset)}
@@ -78,17 +82,6 @@ def estimate_s(mode_id: str, experiment: Mapping[str, Any] | None = None) -> flo
         float(v) for a in activities for v in (a.get("pauses") or {}).values() if v is not None
     )
     return pauses + HOLD_S + OVERHEAD_S
-
-
-def _faults_profile() -> set[str]:
-    """The modes whose experiments need the faults profile (runner.needs_faults, for all of
-    them at one read of the catalog)."""
-    return {m.id for m in catalog.modes() if m.profile == "faults"}
-
-
-def _alone() -> set[str]:
-    """The modes the catalog says must run alone (turn())."""
-    return {m.id for m in catalog.modes() if m.alone}
 
 
 def plan(
@@ -110,13 +103,13 @@ def plan(
     lanes = min(lanes, max(len(ids), 1))
     ends = [0.0] + [LANE_START_S] * (lanes - 1)
     share: list[list[str]] = [[] for _ in range(lanes)]
-    profile = _faults_profile()
+    profile = catalog.faults_profile()
     faults = [i for i in ids if i in profile]
     if faults:
         last = lanes - 1
         share[last] += faults
         ends[last] += sum(est[i] for i in faults) + (PROFILE_SWITCH_S if last else 0)
-    alone = _alone()
+    alone = catalog.alone()
     for i in sorted((i for i in ids if i not in faults), key=lambda i: -est[i]):
         k = min(range(lanes), key=lambda k: ends[k])
         share[k].append(i)
@@ -142,7 +135,7 @@ def plan(
 
 def expected_end_s(lanes: Sequence[Lane], estimates: Mapping[str, float]) -> float:
     """When the last lane is expected to end, by the estimates plan() balanced them with."""
-    profile, alone = _faults_profile(), _alone()
+    profile, alone = catalog.faults_profile(), catalog.alone()
     waits = sum(estimates[i] for lane in lanes for i in lane.ids if i in alone)
     return max(
         (LANE_START_S if lane.scratch else 0.0)
@@ -171,11 +164,16 @@ def results(lane: Lane, journals: Path, failure: str | None = None) -> list[Resu
     return out
 
 
-def command(lane: Lane, out: Path, locks: Path) -> list[str]:
-    """The lane's game day: its share, its own output folder, the lanes' shared `locks`; a
-    scratch lane leaves its stack in the faults profile (it is wiped next)."""
+def locks(out: Path) -> Path:
+    """The lanes' shared lock files (turn()), in the game day's `out`."""
+    return out / ".lanes"
+
+
+def command(lane: Lane, out: Path) -> list[str]:
+    """The lane's game day: its share, its own folder of the game day's `out`, the lanes'
+    shared locks; a scratch lane leaves its stack in the faults profile (it is wiped next)."""
     return [sys.executable, "-m", "cli.main", "chaos", "gameday", "--only", ",".join(lane.ids),
-            "--out", str(out), "--lane-locks", str(locks),
+            "--out", str(lane.folder(out)), "--lane-locks", str(locks(out)),
             *(["--no-restore-profile"] if lane.scratch else [])]  # fmt: skip
 
 

@@ -202,6 +202,7 @@ def gameday(
     # the faults profile's experiments last: the stack switches to it once (a restart of every
     # server) and back to what it was at the end
     ids = sorted((i for i in runnable if not wanted or i in wanted), key=runner.needs_faults)
+    alone = catalog.alone()
     if lanes > 1:
         _gameday_in_lanes(ids, lanes, out, json_out)
         return
@@ -215,7 +216,7 @@ def gameday(
                     console.print("switching to the faults profile (every server restarts)")
                 console.print(f"[{n}/{len(ids)}] {mode_id} ...")
             try:
-                with lanes_.turn(lane_locks, catalog.mode(mode_id).alone is not None):
+                with lanes_.turn(lane_locks, mode_id in alone):
                     r = runner.run(mode_id, out / "journals", restore_profile=False)
             except runner.Interrupted as stopped:
                 results.append(stopped.result)  # the report shows it, verdict failed
@@ -294,7 +295,7 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
         try:
             if lane.scratch:
                 say(lane, f"bringing its stack up ({lane.home}, ports +{lane.offset})")
-                with lanes_.turn(out / ".lanes", alone=False):  # a load as an experiment is
+                with lanes_.turn(lanes_.locks(out), alone=False):  # a load as an experiment is
                     up = spawn(lane, lanes_.up_command(base.tls))
                     output, _ = up.communicate()
                 if up.returncode != 0:
@@ -304,7 +305,7 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
                     return
             if stopping.is_set():
                 return
-            proc = spawn(lane, lanes_.command(lane, out / f"lane-{lane.number}", out / ".lanes"))
+            proc = spawn(lane, lanes_.command(lane, out))
             assert proc.stdout is not None
             for line in proc.stdout:
                 say(lane, line.rstrip())
@@ -333,7 +334,7 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
                     if proc.poll() is None:
                         proc.send_signal(signal.SIGINT)
     results = [r for lane in plan
-               for r in lanes_.results(lane, out / f"lane-{lane.number}" / "journals",
+               for r in lanes_.results(lane, lane.folder(out) / "journals",
                                        failures.get(lane.number))]  # fmt: skip
     order = {i: k for k, i in enumerate(ids)}
     results.sort(key=lambda r: order[r.id])

@@ -25,7 +25,7 @@ RUNNABLE = sorted(
 )
 FAULTS = {i for i in RUNNABLE if needs_faults(i)}
 EST = {i: lanes.estimate_s(i) for i in RUNNABLE}
-ALONE = {m.id for m in catalog.modes() if m.alone}
+ALONE = catalog.alone()
 runner = CliRunner()
 
 
@@ -56,7 +56,7 @@ def test_every_experiment_runs_on_exactly_one_lane_and_the_faults_ones_on_the_la
             assert lane.scratch and lane.home.parent == home.parent and lane.home != home
             assert lane.offset == lanes.LANE_OFFSETS[lane.number - 2]
         # a scratch lane leaves its stack's profile as it is (it is wiped next); lane 1 restores
-        commands = [lanes.command(lane, Path("out"), Path("locks")) for lane in plan]
+        commands = [lanes.command(lane, Path("out")) for lane in plan]
         assert ["--no-restore-profile" in c for c in commands] == [False] + [True] * (n - 1)
         assert FAULTS, "the catalog has network faults: this test would see nothing"
         assert set(plan[-1].ids) >= FAULTS
@@ -151,7 +151,13 @@ def played(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(
         lanes,
         "command",
-        lambda lane, out, locks: [sys.executable, "-c", FAKE_GAMEDAY, ",".join(lane.ids), str(out)],
+        lambda lane, out: [
+            sys.executable,
+            "-c",
+            FAKE_GAMEDAY,
+            ",".join(lane.ids),
+            str(lane.folder(out)),
+        ],
     )
     monkeypatch.setattr(lanes, "up_command", lambda tls: [sys.executable, "-c", "pass"])
     down = (
