@@ -823,6 +823,78 @@ def test_a_post_the_store_refuses_at_flush_is_quarantined_and_the_window_flushes
     assert all(b"InvalidRequest" in h["dlq.error"] for h in got)
 
 
+def group_committed(s: AggregatorSettings) -> dict[tuple[str, int], int]:
+    """The group's committed offset per partition of its source topics."""
+    c = Consumer({**clients.kafka_config(s), "group.id": s.agg_group_id})
+    try:
+        tps = [
+            TopicPartition(t, p)
+            for t in s.source_topics
+            for p in c.list_topics(t, timeout=10).topics[t].partitions
+        ]
+        return {(tp.topic, tp.partition): tp.offset for tp in c.committed(tps, timeout=10)}
+    finally:
+        c.close()
+
+
+def test_the_next_window_is_consumed_while_one_is_written_and_offsets_wait_for_the_write(
+    settings: AggregatorSettings, producer: Producer, serialize: Any, rc: RedisCluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Issue 10 (speed): a window's flush runs beside the consumer loop, not in it. While the
+    counter-store's write of one window is held back (the real store, answering late), the loop
+    consumes the next window's events (a loop that flushed inline consumed nothing until the
+    write returned), commits nothing past the held window, and once the write lands both
+    windows count exactly and the offsets reach the ends."""
+    first, second = f"post-{uuid.uuid4()}", f"post-{uuid.uuid4()}"
+    started = group_committed(settings)
+    held, release = threading.Event(), threading.Event()
+    with running(settings) as agg:
+        write = agg.store.write_cells
+
+        def late(plans: Any) -> None:
+            if first in plans:
+                held.set()
+                assert release.wait(60)
+            write(plans)
+
+        monkeypatch.setattr(agg.store, "write_cells", late)
+        produce(producer, [msg(serialize, like(first)) for _ in range(3)])
+        wait_for(held.is_set, what="the first window's write")
+        produce(producer, [msg(serialize, like(second)) for _ in range(2)])
+
+        def second_consumed() -> int:
+            w = agg.windower.peek()
+            cells = w.cells.items() if w is not None else ()
+            return sum(len(es) for c, es in cells if c.post_id == second)
+
+        wait_for(lambda: second_consumed() == 2, what="the next window consumed meanwhile")
+        time.sleep(2 * settings.agg_window_ms / 1000)  # windows fall due: none may flush
+        assert second_consumed() == 2
+        assert group_committed(settings) == started
+        assert agg_count(rc, first) is None and agg_count(rc, second) is None
+        release.set()
+        wait_for(counted(rc, first, 3), what="the held window's count")
+        wait_for(counted(rc, second, 2), what="the next window's count")
+        ends = at_the_ends_offsets(settings)
+        wait_for(
+            lambda: all(group_committed(settings)[tp] >= o for tp, o in ends.items()),
+            what="the offsets at the ends",
+        )
+
+
+def at_the_ends_offsets(s: AggregatorSettings) -> dict[tuple[str, int], int]:
+    c = Consumer({**clients.kafka_config(s), "group.id": s.agg_group_id})
+    try:
+        out = {}
+        for t in s.source_topics:
+            for p in c.list_topics(t, timeout=10).topics[t].partitions:
+                out[(t, p)] = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+        return out
+    finally:
+        c.close()
+
+
 def test_a_write_that_landed_although_its_flush_failed_is_not_written_over(
     settings: AggregatorSettings, session: Session, rc: RedisCluster
 ) -> None:
