@@ -132,7 +132,30 @@ class _Cluster(Component):
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
             if proc.returncode != 0:
                 raise ProbeFailed(f"redis-cli --cluster create failed:\n{proc.stdout}{proc.stderr}")
-        wait_until(lambda: self._check_ok(ports), timeout=60, interval=0.5)
+        wait_until(lambda: self._settled(ports), timeout=60, interval=0.5)
+
+    def _settled(self, ports: list[int]) -> None:
+        self._repoint_replicas(ports)
+        self._check_ok(ports)
+
+    def _repoint_replicas(self, ports: list[int]) -> None:
+        """Point a replica whose link is down at the port its primary announces now.
+
+        Redis 7.0 learns a peer's new announced port from gossip (CLUSTER NODES shows it) but
+        leaves a replica's established replication target where it was. A profile switch
+        changes every announced port (--faults announces the proxies', the plain profile the
+        nodes' own), so a replica that came back before its primary kept dialing a proxy that
+        no longer existed: its primary had no replica and `up` gave up after 60 s (switching
+        back after the kafka-cross-az-partition game day). CLUSTER REPLICATE to the same
+        primary makes the replica dial the address the node table holds."""
+        for p in ports:
+            with client(self.layout, p, socket_timeout=2, decode_responses=True) as r:
+                role = r.info("replication")
+                if role["role"] != "slave" or role.get("master_link_status") == "up":
+                    continue
+                primary = replication_target(str(r.execute_command("CLUSTER", "NODES")))
+                if primary is not None and primary[1] != int(role.get("master_port", 0)):
+                    r.execute_command("CLUSTER", "REPLICATE", primary[0])
 
     def _info(self, port: int) -> dict[str, str]:
         with client(self.layout, port, socket_timeout=2, decode_responses=True) as r:
@@ -250,6 +273,20 @@ class FeatureStore(_Cluster):
             # a lost feature weakens a score, never a count: evict, never refuse
             f"maxmemory-policy {keys.EVICTION_POLICY['feature-store']}",
         ]
+
+
+def replication_target(nodes: str) -> tuple[str, int] | None:
+    """From a replica's CLUSTER NODES: its primary's node id and the port the table holds for
+    it (None: the node is no replica, or its primary is not in the table)."""
+    rows = [line.split() for line in nodes.splitlines() if line.strip()]
+    me = next((r for r in rows if "myself" in r[2].split(",")), None)
+    if me is None or me[3] == "-":
+        return None
+    primary = next((r for r in rows if r[0] == me[3]), None)
+    if primary is None:
+        return None
+    port = primary[1].split("@", 1)[0].rsplit(":", 1)[1]
+    return primary[0], int(port)
 
 
 class ScratchCluster:
