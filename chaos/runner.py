@@ -29,6 +29,7 @@ from chaos.k8s import DEFAULT_STACK
 
 SETTINGS = {"runtime": {"rollbacks": {"strategy": "always"}}}
 READY_WAIT_S = 120.0  # for every server to answer before an experiment starts
+log = logging.getLogger("chaos.runner")
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Result:
     failed_activities: list[str] = field(default_factory=list)
     checks: dict[str, Any] = field(default_factory=dict)
     journal: str | None = None
+    # why the stack could not be switched back out of the faults profile after the run
+    restore_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,10 +63,26 @@ def run(
         experiment = catalog.experiment(mode_id)
     switched = needs_faults(mode_id) and actions.use_profile(True)
     try:
-        return _run(mode_id, journal_dir, experiment)
-    finally:
+        result = _run(mode_id, journal_dir, experiment)
+    except BaseException:
         if switched and restore_profile:
-            actions.use_profile(False)
+            switch_profile(False)
+        raise
+    if switched and restore_profile:
+        result.restore_error = switch_profile(False)
+    return result
+
+
+def switch_profile(faults: bool) -> str | None:
+    """Bring the stack into (or out of) the faults profile; None when it came up, else why
+    not. A failed switch must not lose the results of what ran before it (a game day's report
+    was never written when the switch back raised): the callers report it beside them."""
+    try:
+        actions.use_profile(faults)
+    except Exception as e:
+        log.warning("switching the stack's profile failed: %s", e)
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def needs_faults(mode_id: str) -> bool:

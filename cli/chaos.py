@@ -125,8 +125,16 @@ def run(
             console.print(f"  {'ok ' if ok else 'BAD'} {name}")
         if result.failed_activities:
             console.print(f"  failed activities: {', '.join(result.failed_activities)}")
-    if result.verdict != "passed":
+    if result.restore_error:
+        _profile_not_restored(False, result.restore_error)
+    if result.verdict != "passed" or result.restore_error:
         raise typer.Exit(1)
+
+
+def _profile_not_restored(faults: bool, error: str) -> None:
+    want = "--faults" if faults else "--no-faults"
+    err.print(f"[red]error:[/] the stack could not be switched back to the profile it ran "
+              f"({error}); `likes local up {want}` brings it back")  # fmt: skip
 
 
 def _run_k8s(
@@ -188,7 +196,7 @@ def gameday(
     with plots/, report.html). Exit 0 when all passed, 1 when any deviated or failed, 2 when an
     id is unknown. Ctrl-C stops the traffic, rolls the stacks back and writes the report of
     what ran."""
-    from chaos import actions, catalog, report, runner
+    from chaos import catalog, report, runner
     from chaos import lanes as lanes_
     from local import layout
 
@@ -229,19 +237,22 @@ def gameday(
         interrupted = True
         err.print("[yellow]interrupted:[/] traffic stopped, stack rolled back; reporting what ran")
     finally:
+        restore_error = None
         if restore_profile and layout.from_env().faults != found:
             if not json_out:
                 way = "back to" if found else "out of"
                 console.print(f"switching the stack {way} the faults profile")
-            actions.use_profile(found)
+            restore_error = runner.switch_profile(found)
     md, page = report.write(results, out)
     if json_out:
         print(json.dumps({**report.summary(results), "report": str(md), "html": str(page)}))
     else:
         console.print(f"report: {md} and {page}")
+    if restore_error:
+        _profile_not_restored(found, restore_error)
     if interrupted:
         raise typer.Exit(130)
-    if any(r.verdict != "passed" for r in results):
+    if restore_error or any(r.verdict != "passed" for r in results):
         raise typer.Exit(1)
 
 

@@ -328,3 +328,68 @@ def test_a_game_day_runs_the_network_faults_last_and_switches_back_once(
                                    "--no-restore-profile"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert switched == [True, True] and profile["faults"] is True
+
+
+SWITCH_FAILED = "ProbeFailed: count-cache node 10002: primary without a replica"
+
+
+def _switch_back_fails(monkeypatch: pytest.MonkeyPatch, profile: dict[str, bool]) -> None:
+    from chaos import actions
+    from local import layout
+
+    def use_profile(faults: bool) -> bool:
+        if not faults:
+            raise RuntimeError(SWITCH_FAILED)
+        changed = profile["faults"] != faults
+        profile["faults"] = faults
+        return changed
+
+    monkeypatch.setattr(actions, "use_profile", use_profile)
+    monkeypatch.setattr(layout, "from_env", lambda: type("L", (), dict(profile))())
+
+
+def test_a_run_whose_switch_back_fails_keeps_its_result_and_says_how_to_recover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # after kafka-cross-az-partition the switch back raised inside `finally`: the verdict
+    # and the journal's path were lost behind a traceback
+    from chaos import runner
+
+    _switch_back_fails(monkeypatch, {"faults": False})
+    monkeypatch.setattr(runner, "_run", lambda m, j, e: runner.Result(m, "completed", False,
+                                                                      "passed", 1.0))  # fmt: skip
+    res = CliRunner().invoke(app, ["chaos", "run", NETWORK_MODE, "--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.stdout.splitlines()[0])
+    assert out["verdict"] == "passed" and SWITCH_FAILED in out["restore_error"]
+    assert "likes local up --no-faults" in " ".join(res.output.split())  # Rich wraps lines
+
+
+def test_a_game_day_whose_switch_back_fails_still_writes_its_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from chaos import report, runner
+
+    monkeypatch.setenv("LIKES_HOME", str(tmp_path / "stack"))
+    profile = {"faults": False}
+    _switch_back_fails(monkeypatch, profile)
+
+    def run(mode_id: str, journal_dir: Path, restore_profile: bool = True) -> runner.Result:
+        if runner.needs_faults(mode_id):
+            profile["faults"] = True
+        return runner.Result(mode_id, "completed", False, "passed", 1.0)
+
+    written: list[list[str]] = []
+
+    def write(results: list[runner.Result], out: Path) -> tuple[Path, Path]:
+        written.append([r.id for r in results])
+        return out / "r.md", out / "r.html"
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(report, "write", write)
+    res = CliRunner().invoke(app, ["chaos", "gameday", "--only", f"{PROCESS_MODE},{NETWORK_MODE}",
+                                   "--out", str(tmp_path)])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    assert written == [[PROCESS_MODE, NETWORK_MODE]]
+    said = " ".join(res.output.split())
+    assert "likes local up --no-faults" in said and SWITCH_FAILED in said
