@@ -299,16 +299,11 @@ class Windower:
             self._current = Window(now // self.window_ms, now)
         return self._current
 
-    def full(self) -> bool:
-        """The current window holds `max_events`: it may not grow any further."""
-        w = self._current
-        return w is not None and w.events >= self.max_events
-
     def due(self) -> bool:
         w = self._current
         if w is None or w.empty:
             return False
-        if self.full():
+        if w.events >= self.max_events:
             return True
         now = self._now_ms()
         span = self.max_stretch_ms if self.catching_up else self.min_span_ms

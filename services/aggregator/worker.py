@@ -196,9 +196,6 @@ class Aggregator:
         # (best effort by design, see HotPoolMirror): at most one; the next waits for it
         self._copy_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hot-pool-mirror")
         self._copying: Future[None] | None = None
-        # the window being flushed while the loop consumes the next (see step): at most one
-        self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="window-flush")
-        self._flushing: tuple[Window, Future[float]] | None = None
         self.loop = LoopHealth((REGISTRY, WINDOW_FLUSH), clock=clock)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -216,45 +213,28 @@ class Aggregator:
         try:
             while not self.stop.is_set():
                 self.step()
-            self._hand_over("final flush")
+            w = self.windower.peek()
+            if w is not None and not w.empty:
+                try:
+                    self._flush(self.windower.take())
+                except Exception as e:
+                    log.warning("final flush failed; the next owner replays it",
+                                extra={"fields": {"error": str(e)}})  # fmt: skip
         finally:
-            self._flusher.shutdown()
             self._pool.shutdown()
             self._copy_pool.shutdown()  # lets the copies in flight land
             self.consumer.close()
 
     def step(self, timeout: float = 0.1) -> None:
-        """One turn: consume a batch into the current window; once the window is due, hand it
-        to the flush thread and go on consuming the next one while it is written.
-
-        The flush runs beside the loop, not in it (issue 10, speed): the counter-store's write
-        is work on the store's own core, and the loop stopped for all of it (a 200 k-event
-        window: ~6 s consuming, then ~4 s flushing with nothing consumed). What keeps that exact:
-        - one window in flight at most, so windows are written in order: a window's flush
-          starts from the cell states the previous flush left (`self.cells`);
-        - its offsets are committed by this thread once its flush is done (`_settle`), never
-          before, and never a later window's while an earlier one is unwritten;
-        - the next window waits while one is in flight, and the loop blocks on it once that
-          window is full (`max_events`): memory stays bounded when the store is slow;
-        - everything else that writes the stores or the held sets (failover re-drive, held
-          retries) runs on the loop only while nothing is in flight, and rebalance callbacks
-          (`_on_revoke`, `_on_lost`) wait for the flush before they drop a partition's cells."""
         self.loop.turned()
         metrics.LOOP_TIMESTAMP.set_to_current_time()
         msgs = self.consumer.consume(num_messages=CONSUME_BATCH, timeout=timeout)
         self._handle_batch(msgs)
-        idle = self._settle(wait=False)
+        self._watch_failover()
         if self.windower.due():
-            if not idle and self.windower.full():
-                idle = self._settle(wait=True)  # back-pressure: the store sets the pace
-            if idle:
-                self._watch_failover()
-                w = self.windower.take()
-                self._flushing = (w, self._flusher.submit(self._flush_with_retry, w))
-        elif idle:
-            self._watch_failover()
-            if self.unsynced_posts or self.unsynced_likers or self.recheck:
-                self._retry_held()
+            self._flush_with_retry(self.windower.take())
+        elif self.unsynced_posts or self.unsynced_likers or self.recheck:
+            self._retry_held()
         if (
             self.uncommitted
             and self.clock() - self._commit_retried_at >= self.s.agg_window_ms / 1000
@@ -354,28 +334,18 @@ class Aggregator:
         log.info("partitions assigned", extra={"fields": {"partitions": ranges}})
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KTP]) -> None:
-        self._hand_over("flush on revoke")
+        # hand over cleanly: one flush attempt; if it fails the next owner replays, safely
+        w = self.windower.peek()
+        if w is not None and not w.empty:
+            try:
+                self._flush(self.windower.take())
+            except Exception as e:
+                log.warning("flush on revoke failed; the next owner replays the window",
+                            extra={"fields": {"error": str(e)}})  # fmt: skip
         self._drop([(p.topic, p.partition) for p in partitions])
 
     def _on_lost(self, consumer: Consumer, partitions: list[KTP]) -> None:
-        # another member owns them already: its commits are the ones that count
-        lost = {(p.topic, p.partition) for p in partitions}
-        with contextlib.suppress(Exception):  # the flush thread logged it; the owner replays
-            self._settle(wait=True, exclude=lost)
-        self._drop(list(lost))
-
-    def _hand_over(self, what: str) -> None:
-        """Before partitions go (a revoke, a stop): the window in flight, then the current
-        one, flushed and committed once each; if either fails the next owner replays it, and a
-        later window is never committed past an earlier one that failed."""
-        try:
-            self._settle(wait=True)
-            w = self.windower.peek()
-            if w is not None and not w.empty:
-                self._flush(self.windower.take())
-        except Exception as e:
-            log.warning(f"{what} failed; the next owner replays the window",
-                        extra={"fields": {"error": str(e)}})  # fmt: skip
+        self._drop([(p.topic, p.partition) for p in partitions])
 
     def _drop(self, tps: list[TP]) -> None:
         gone = set(tps)
@@ -543,9 +513,7 @@ class Aggregator:
         return None
 
     # -- flush --------------------------------------------------------------------------------
-    def _flush_with_retry(self, w: Window) -> float:
-        """On the flush thread: `w` written, retried until it is or the worker stops (then
-        it raises and nothing from it on is committed). Returns the seconds the last try took."""
+    def _flush_with_retry(self, w: Window) -> None:
         retrying = Retrying(
             wait=wait_exponential(multiplier=0.2, max=5),
             stop=stop_when_event_set(self.stop),
@@ -554,7 +522,7 @@ class Aggregator:
             before_sleep=self._flush_failed,
         )
         with self.loop.retrying(WINDOW_FLUSH):
-            return retrying(self._write_window, w)
+            retrying(self._flush, w)
 
     def _flush_failed(self, rs: RetryCallState) -> None:
         self.loop.failed(WINDOW_FLUSH)
@@ -565,40 +533,20 @@ class Aggregator:
             extra={"fields": {"attempt": rs.attempt_number, "error": str(error)}},
         )
 
-    def _settle(self, wait: bool, exclude: set[TP] | None = None) -> bool:
-        """The window in flight: once its flush is done (at once if not `wait`), commit its
-        offsets (but `exclude`'s). True when nothing is in flight any more. Raises what ended
-        the flush's retries (a stop): then nothing after it is committed."""
-        if self._flushing is None:
-            return True
-        w, done = self._flushing
-        if not wait and not done.done():
-            return False
-        self._flushing = None
-        self.windower.stretch(done.result() * 1000)
-        gone = exclude or set()
-        self._commit_positions({tp: o for tp, o in w.positions.items() if tp not in gone})
-        return True
-
     def _flush(self, w: Window) -> None:
-        """Flush `w` on this thread and commit it (a hand-over; tests)."""
-        self.windower.stretch(self._write_window(w) * 1000)
-        self._commit(w)
-
-    def _write_window(self, w: Window) -> float:
         """One span per window while tracing, linked to the requests its first events came
-        from: a like's trace leads to the window that counted it. Returns the seconds taken."""
+        from: a like's trace leads to the window that counted it."""
         if not observability.tracing_on():
-            return self._flush_window(w)
+            self._flush_window(w)
+            return
         links = [trace.Link(sc) for sc in w.links]
         with _tracer.start_as_current_span(WINDOW_FLUSH, links=links) as span:
             span.set_attribute("likes.window.events", w.events)
             span.set_attribute("likes.window.posts", len(w.cells))
-            return self._flush_window(w)
+            self._flush_window(w)
 
-    def _flush_window(self, w: Window) -> float:
-        """Cells, then aggregates, Bloom bits, purge (the offsets are the caller's to commit:
-        `_settle`, `_flush`). Two steps overlap the cells'
+    def _flush_window(self, w: Window) -> None:
+        """Cells, then aggregates, Bloom bits, purge, commit. Two steps overlap the cells'
         write, the counter-store's slowest call (its commitlog syncs before it answers): the
         Bloom adds (idempotent, and the likes they record are already edges) and the read of
         every cell of the window's posts for their aggregates, which `_patched` then brings up
@@ -634,17 +582,18 @@ class Aggregator:
         if self._crash == "after-cache" and cells_written:
             os._exit(17)
         self._purge(changed)
+        self._commit(w)
         metrics.WINDOWS.inc()
         if cells_written:
             metrics.COLLAPSE.set(w.events / cells_written)
         took = time.perf_counter() - t0
         metrics.FLUSH_SECONDS.observe(took)
+        self.windower.stretch(took * 1000)
         log.debug(
             "window flushed",
             extra={"fields": {"events": w.events, "duplicates": w.duplicates, "posts": len(posts),
                               "cells_written": cells_written, "purged": len(changed)}},
         )  # fmt: skip
-        return took
 
     def _quarantine(self, w: Window, errors: dict[str, str]) -> None:
         """Dead-letter (by reference) every event of these posts in the window, and drop their
