@@ -47,12 +47,12 @@ def _lag(s: settings_mod.Settings) -> View:
         AdminClient(conf), consumer_factory(conf), groups, topics, TIMEOUT_S, topics_of=own
     )
     try:
-        lags = reader.read()
+        read = reader.read()
     finally:
         reader.close()
     from infra.alert_rules import CONSUMER_LAG_THRESHOLD_S
 
-    lags = sorted(lags, key=lambda x: (x.group, x.topic, x.partition))
+    lags = sorted(read.lags, key=lambda x: (x.group, x.topic, x.partition))
     rows = [
         {"group": x.group, "topic": x.topic, "partition": x.partition,
          "seconds": round(x.seconds, 1), "messages": x.messages, "committed": x.committed,
@@ -64,6 +64,15 @@ def _lag(s: settings_mod.Settings) -> View:
         for x in lags
         if x.seconds > CONSUMER_LAG_THRESHOLD_S
     ]
+    # a partition Kafka did not answer for: a row without figures, and a problem naming why (the
+    # column is there only when some partition is unread)
+    for row in rows if read.unread else []:
+        row["unread"] = None
+    for u in sorted(read.unread, key=lambda x: (x.group, x.topic, x.partition)):
+        rows.append({"group": u.group, "topic": u.topic, "partition": u.partition,
+                     "seconds": None, "messages": None, "committed": None, "end": None,
+                     "unread": u.reason})  # fmt: skip
+        problems.append(f"{u.group}'s lag on {u.topic}[{u.partition}] is unknown: {u.reason}")
     return {"view": "lag", "problems": problems, "rows": rows}
 
 

@@ -865,14 +865,19 @@ def worker_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
     return [
         _alert(
             CONSUMER_LAG_UNKNOWN,
-            f"absent({metric_names.CONSUMER_LAG_SECONDS})",
+            # no series at all (the exporter is down, or no broker answers it), or partitions
+            # it cannot read (a broker that leads them, or a group's coordinator, is silent)
+            f"absent({metric_names.CONSUMER_LAG_SECONDS})"
+            f" or max({metric_names.CONSUMER_LAG_UNREAD}) > 0",
             for_="5m",
             severity=SEVERITY_TICKET,
             service=workloads.CONSUMER_LAG.name,
             summary="Consumer lag has not been known for 5 minutes",
             description=(
-                "The consumer-lag exporter exports nothing: it is down, or Kafka does not "
-                "answer it. The consumer-lag SLO and its alerts are blind meanwhile."
+                "The consumer-lag exporter exports nothing, or not every partition's lag: it "
+                "is down, or a broker does not answer it (likes_consumer_lag_unread_partitions "
+                "counts the partitions it cannot read). The consumer-lag SLO and its alerts "
+                "are blind to those partitions meanwhile."
             ),
             runbook="consumer-lag-unknown",
             runbook_base=runbook_base,

@@ -16,7 +16,13 @@ LAG_SECONDS = Gauge(
 LAG_MESSAGES = Gauge(
     names.CONSUMER_LAG_MESSAGES, "Messages between the committed offset and the log end", _LABELS
 )
+UNREAD = Gauge(
+    names.CONSUMER_LAG_UNREAD,
+    "Partitions whose lag the last read could not learn (their leader or the group's "
+    "coordinator did not answer); their lag series are left out",
+    [names.CONSUMER_LAG_GROUP_LABEL],
+)
 READS = Counter(names.CONSUMER_LAG_READS, "Reads of the offsets from Kafka", ["result"])
-for _result in ("ok", "error"):
+for _result in ("ok", "partial", "error"):
     READS.labels(_result)
 LAG_READ_SPAN = "lag read"  # one span per read of the groups' offsets (every few seconds)

@@ -70,7 +70,10 @@ OUTBOX_RELAY_OWNED_SHARDS = "likes_outbox_relay_owned_shards"
 # Kafka; the seed's consumer_lag_seconds
 CONSUMER_LAG_SECONDS = "likes_consumer_lag_seconds"
 CONSUMER_LAG_MESSAGES = "likes_consumer_lag_messages"
-CONSUMER_LAG_READS = "likes_consumer_lag_reads_total"  # label result: ok | error
+CONSUMER_LAG_READS = "likes_consumer_lag_reads_total"  # label result: ok | partial | error
+# per group: the partitions whose lag the last read could not learn (their leader, or the group's
+# coordinator, did not answer); their lag series are left out meanwhile
+CONSUMER_LAG_UNREAD = "likes_consumer_lag_unread_partitions"
 CONSUMER_LAG_GROUP_LABEL = "group"  # the lag series' labels: group, topic, partition
 
 # heartbeats: the unix time a worker's loop last went round (set every turn). A loop that hangs

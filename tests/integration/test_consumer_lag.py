@@ -66,7 +66,9 @@ def test_lag_is_the_age_of_the_next_unconsumed_message_per_group_and_partition(
     _commit(stack, behind, topic, 1)  # consumed the first message only
     _commit(stack, caught_up, topic, 3)
     reader = _reader(stack, [behind, never, caught_up], topic, now=T0 + 10)
-    got = {(r.group, r.partition): (r.messages, r.seconds) for r in reader.read()}
+    read = reader.read()
+    assert read.unread == []
+    got = {(r.group, r.partition): (r.messages, r.seconds) for r in read.lags}
     assert got == {
         (behind, 0): (2, 9.0),  # the message at offset 1 was produced at T0 + 1
         (behind, 1): (0, 0.0),  # an empty partition lags nothing
@@ -77,7 +79,7 @@ def test_lag_is_the_age_of_the_next_unconsumed_message_per_group_and_partition(
     }
     # the group moves on: the reading follows (cached timestamps are per offset, not per group)
     _commit(stack, behind, topic, 2)
-    got = {(r.group, r.partition): r.seconds for r in reader.read()}
+    got = {(r.group, r.partition): r.seconds for r in reader.read().lags}
     assert got[(behind, 0)] == 8.0 and got[(never, 0)] == 10.0
 
 
@@ -110,10 +112,92 @@ def test_a_group_narrowed_to_its_topics_reports_only_those(stack: Stack, topic: 
                        [topic, events.VOIDED], 10.0, clock=lambda: T0 + 5,
                        topics_of={group: [topic]})  # fmt: skip
     try:
-        got = {(r.topic, r.partition): r.seconds for r in reader.read()}
+        got = {(r.topic, r.partition): r.seconds for r in reader.read().lags}
     finally:
         reader.close()
     assert got == {(topic, 0): 5.0, (topic, 1): 0.0}
+
+
+def _leaders(admin: AdminClient, topic: str, partitions: int) -> dict[int, int]:
+    """partition -> its leader's broker id, once every partition has one."""
+    leaders: dict[int, int] = {}
+
+    def known() -> bool:
+        md = admin.list_topics(topic, timeout=10).topics[topic]
+        leaders.clear()
+        leaders.update({p: m.leader for p, m in md.partitions.items() if m.leader >= 0})
+        return len(leaders) == partitions
+
+    _wait(known, f"a leader for each of {topic}'s partitions")
+    return dict(leaders)
+
+
+def _in_sync(admin: AdminClient) -> bool:
+    """Every partition of the event topics has a leader and all its replicas in sync."""
+    md = admin.list_topics(timeout=10)
+    return all(
+        m.leader >= 0 and sorted(m.isrs) == sorted(m.replicas)
+        for t in events.EVENT_TOPICS
+        for m in md.topics[t].partitions.values()
+    )
+
+
+def test_a_silent_broker_hides_only_the_partitions_it_leads(stack: Stack) -> None:
+    """A broker that stops answering (SIGSTOP: its connections stay open, nothing replies)
+    hides the lag of the partitions it leads, and of those only: the others' lag is still read
+    exactly. Before, one unanswered call failed the whole read and the exporter dropped every
+    series. The listing of partitions is the one the reader made before the broker went
+    silent (a metadata request may go to that broker); librdkafka answers the silent leader's
+    partition with OFFSET_INVALID and no error, which must not read as 'caught up'."""
+    conf = stack.kafka_config()
+    admin = AdminClient(conf)
+    brokers = stack.layout.kafka_brokers
+    name = f"likes.test-lag-cut-{uuid.uuid4().hex[:8]}"
+    for fut in admin.create_topics([NewTopic(name, brokers, 1)], operation_timeout=30).values():
+        fut.result(30)
+    group = f"likes-test-cut-{uuid.uuid4().hex[:6]}"
+    reader = LagReader(AdminClient(conf), consumer_factory(conf), [group], [name], 2.0,
+                       clock=lambda: T0 + 10)  # fmt: skip
+    try:
+        leaders = _leaders(admin, name, brokers)
+        p = Producer(conf)
+        for partition in leaders:
+            p.produce(name, value=b"x", partition=partition, timestamp=int(T0 * 1000))
+        assert p.flush(30) == 0
+        coordinator = admin.describe_consumer_groups([group])[group].result(30).coordinator.id
+        # the group's coordinator answers: only the partitions' leaders are in question
+        victim = next(b for b in sorted(set(leaders.values())) if b != coordinator)
+        silent = {part for part, b in leaders.items() if b == victim}
+        assert len(silent) < len(leaders), f"broker {victim} leads every partition: {leaders}"
+
+        # a new topic's leaders take a moment to be known to every broker (LEADER_NOT_AVAILABLE)
+        reads = [reader.read()]
+        _wait(lambda: not reads.append(reader.read()) and not reads[-1].unread, "a whole read")
+        before = reads[-1]
+        assert {(x.partition, x.seconds) for x in before.lags} == {(q, 10.0) for q in leaders}
+
+        pid = stack.pid(f"kafka-{victim}")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            during = reader.read()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert {(x.partition, x.seconds) for x in during.lags} == {
+            (q, 10.0) for q in leaders if q not in silent
+        }
+        assert {(u.group, u.partition) for u in during.unread} == {(group, q) for q in silent}
+
+        # the broker answers again: every partition reads, and keeps reading
+        _wait(lambda: not reader.read().unread, "every partition read again")
+        for _ in range(3):
+            after = reader.read()
+            assert after.unread == [] and len(after.lags) == len(leaders)
+    finally:
+        reader.close()
+        admin.delete_topics([name], operation_timeout=30)
+        # the next tests find the event topics whole again (the silent broker may have been
+        # fenced and dropped from their ISR)
+        _wait(lambda: _in_sync(admin), "every event topic's replicas back in sync", 120)
 
 
 def test_the_exporter_watches_the_abuse_scorer_on_the_topic_it_reads(stack: Stack) -> None:
