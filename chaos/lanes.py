@@ -15,8 +15,12 @@ lanes share is the machine; on 2 cores, 2 lanes.
 
 Some experiments judge a rate: a flash crowd must cross the hot-key sampler's detection floor,
 which the load of a second stack on 2 cores kept it under (116 reads/s in a 2-lane game day). The
-catalog marks those `alone` (with the reason): such an experiment waits for every other lane to
-finish the experiment it is running, and no lane starts another until it is done (turn()).
+catalog marks those `alone` (with the reason). They run last, on lane 1's stack, once every
+other lane has ended and its scratch stack is down: the tail lane. Holding the other lanes idle
+around them was not enough: an idle second stack still kept the flash crowd under the floor
+(218.8 reads/s, not flagged hot, in a 2-lane game day; 1,208 reads/s alone on the machine). An
+experiment both alone and in the faults profile (none today) would wait on its lane for the
+others' running experiments instead, and no lane starts another meanwhile (turn()).
 
 The experiments that need the faults profile (Toxiproxy in front of every node) all go to the
 last scratch lane: only that stack restarts into the profile, and the stack the game day was
@@ -59,14 +63,19 @@ class Lane:
     home: Path
     offset: int
     ids: tuple[str, ...]
+    tail: bool = False  # lane 1's stack again, after every other lane: the experiments alone
 
     @property
     def scratch(self) -> bool:
         return self.number > 1
 
+    @property
+    def label(self) -> str:
+        return f"{self.number} (alone)" if self.tail else str(self.number)
+
     def folder(self, out: Path) -> Path:
         """Where the lane's game day writes its journals and report, in the game day's `out`."""
-        return out / f"lane-{self.number}"
+        return out / (f"lane-{self.number}-alone" if self.tail else f"lane-{self.number}")
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The environment of this lane's `likes` commands: its stack's home and ports."""
@@ -94,9 +103,11 @@ def plan(
     """Every id on exactly one lane, the lanes' expected ends as even as the estimates allow
     (longest first, each to the lane that ends soonest: LPT). A scratch lane starts LANE_START_S
     late; the faults profile's experiments all go to the last lane (one profile switch, on a
-    scratch stack), after its others, as a game day orders them. An experiment that runs alone
-    lengthens every lane by its estimate. A scratch lane that would get nothing is left out (its
-    number stays unused: the numbers name the ports)."""
+    scratch stack), after its others, as a game day orders them. With more than one lane, the
+    experiments that run alone go to the tail lane, last in the list: lane 1's stack once the
+    others have ended (an alone one in the faults profile stays on its lane and lengthens every
+    lane by its estimate). A scratch lane that would get nothing is left out (its number stays
+    unused: the numbers name the ports)."""
     if not 1 <= lanes <= MAX_LANES:
         raise ValueError(f"lanes must be 1 to {MAX_LANES}, not {lanes}")
     est = {i: (estimates or {}).get(i) or estimate_s(i) for i in ids}
@@ -110,7 +121,8 @@ def plan(
         share[last] += faults
         ends[last] += sum(est[i] for i in faults) + (PROFILE_SWITCH_S if last else 0)
     alone = catalog.alone()
-    for i in sorted((i for i in ids if i not in faults), key=lambda i: -est[i]):
+    tail = [i for i in ids if i in alone and i not in profile] if lanes > 1 else []
+    for i in sorted((i for i in ids if i not in faults and i not in tail), key=lambda i: -est[i]):
         k = min(range(lanes), key=lambda k: ends[k])
         share[k].append(i)
         if i in alone:  # every lane waits it out
@@ -130,20 +142,24 @@ def plan(
         else:
             lane_home = home.with_name(f"{home.name}-lane{k + 1}")
             out.append(Lane(k + 1, lane_home, LANE_OFFSETS[k - 1], tuple(chosen)))
+    if tail:
+        out.append(Lane(1, home, offset, tuple(tail), tail=True))
     return out
 
 
 def expected_end_s(lanes: Sequence[Lane], estimates: Mapping[str, float]) -> float:
-    """When the last lane is expected to end, by the estimates plan() balanced them with."""
+    """When the last lane is expected to end, by the estimates plan() balanced them with: the
+    lanes side by side, then the tail lane."""
     profile, alone = catalog.faults_profile(), catalog.alone()
-    waits = sum(estimates[i] for lane in lanes for i in lane.ids if i in alone)
+    side = [lane for lane in lanes if not lane.tail]
+    waits = sum(estimates[i] for lane in side for i in lane.ids if i in alone)
     return max(
         (LANE_START_S if lane.scratch else 0.0)
         + sum(estimates[i] for i in lane.ids if i not in alone)
         + waits
         + (PROFILE_SWITCH_S if lane.scratch and profile.intersection(lane.ids) else 0)
-        for lane in lanes
-    )
+        for lane in side
+    ) + sum(estimates[i] for lane in lanes if lane.tail for i in lane.ids)
 
 
 def results(lane: Lane, journals: Path, failure: str | None = None) -> list[Result]:

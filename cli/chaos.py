@@ -179,7 +179,8 @@ def gameday(
             "other lane is a scratch stack of its own (its home beside this one's, its ports "
             "shifted), brought up for the game day and wiped after it. No two experiments share "
             "a stack, so no fault compounds another's. The faults profile's experiments all run "
-            "on the last lane. On 2 cores, 2.",
+            "on the last lane; those that judge a rate run last, on this stack, once every "
+            "scratch stack is down. On 2 cores, 2.",
         ),
     ] = 1,
     lane_locks: Annotated[
@@ -280,26 +281,26 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
         for col in ("lane", "stack", "ports +", "experiments", "expected"):
             t.add_column(col)
         for lane in plan:
-            t.add_row(str(lane.number), str(lane.home) + (" (scratch)" if lane.scratch else ""),
+            t.add_row(lane.label, str(lane.home) + (" (scratch)" if lane.scratch else ""),
                       str(lane.offset), str(len(lane.ids)),
                       f"{sum(est[i] for i in lane.ids) / 60:.1f} min")  # fmt: skip
         console.print(t)
     started = time.monotonic()
     failures: dict[int, str] = {}
-    running: dict[int, subprocess.Popen[str]] = {}
-    exits: dict[int, int | None] = {}
+    running: dict[str, subprocess.Popen[str]] = {}
+    exits: dict[str, int | None] = {}
     stopping = threading.Event()
 
     def say(lane: lanes_.Lane, line: str) -> None:
         if not json_out:
-            console.print(f"lane {lane.number} | {line}", markup=False, highlight=False)
+            console.print(f"lane {lane.label} | {line}", markup=False, highlight=False)
 
     def spawn(lane: lanes_.Lane, argv: list[str]) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             argv, env=lane.env(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )  # fmt: skip
-        running[lane.number] = proc
+        running[lane.label] = proc
         return proc
 
     def run_lane(lane: lanes_.Lane) -> None:
@@ -320,30 +321,36 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
             assert proc.stdout is not None
             for line in proc.stdout:
                 say(lane, line.rstrip())
-            exits[lane.number] = proc.wait()
+            exits[lane.label] = proc.wait()
         finally:
             if lane.scratch:
                 say(lane, "taking its stack down (wiped)")
                 subprocess.run(lanes_.down_command(), env=lane.env(os.environ),
                                capture_output=True, timeout=300)  # fmt: skip
 
-    threads = [threading.Thread(target=run_lane, args=(lane,), daemon=True) for lane in plan]
-    for th in threads:
-        th.start()
-    interrupted = False
-    while any(th.is_alive() for th in threads):
-        try:
-            for th in threads:
-                th.join(0.5)
-        except KeyboardInterrupt:
-            if not interrupted:
-                interrupted = True
-                stopping.set()
-                err.print("[yellow]interrupted:[/] every lane stops its traffic and rolls back; "
-                          "scratch stacks are taken down")  # fmt: skip
-                for proc in list(running.values()):
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGINT)
+    def run_side_by_side(chosen: list[lanes_.Lane]) -> None:
+        threads = [threading.Thread(target=run_lane, args=(lane,), daemon=True) for lane in chosen]
+        for th in threads:
+            th.start()
+        while any(th.is_alive() for th in threads):
+            try:
+                for th in threads:
+                    th.join(0.5)
+            except KeyboardInterrupt:
+                if not stopping.is_set():
+                    stopping.set()
+                    err.print("[yellow]interrupted:[/] every lane stops its traffic and rolls "
+                              "back; scratch stacks are taken down")  # fmt: skip
+                    for proc in list(running.values()):
+                        if proc.poll() is None:
+                            proc.send_signal(signal.SIGINT)
+
+    # the lanes side by side; then, with every scratch stack down, the experiments run alone
+    run_side_by_side([lane for lane in plan if not lane.tail])
+    for lane in plan:
+        if lane.tail and not stopping.is_set():
+            run_side_by_side([lane])
+    interrupted = stopping.is_set()
     results = [r for lane in plan
                for r in lanes_.results(lane, lane.folder(out) / "journals",
                                        failures.get(lane.number))]  # fmt: skip
@@ -352,8 +359,8 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
     md, page = report.write(results, out)
     took = round(time.monotonic() - started, 1)
     if json_out:
-        lanes_out = [{"lane": lane.number, "home": str(lane.home), "offset": lane.offset,
-                      "ids": list(lane.ids), "exit": exits.get(lane.number),
+        lanes_out = [{"lane": lane.number, "alone": lane.tail, "home": str(lane.home),
+                      "offset": lane.offset, "ids": list(lane.ids), "exit": exits.get(lane.label),
                       "failure": failures.get(lane.number)} for lane in plan]  # fmt: skip
         print(json.dumps({**report.summary(results), "duration_s": took, "lanes": lanes_out,
                           "report": str(md), "html": str(page)}))  # fmt: skip

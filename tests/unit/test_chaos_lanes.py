@@ -50,16 +50,27 @@ def test_every_experiment_runs_on_exactly_one_lane_and_the_faults_ones_on_the_la
         plan = lanes.plan(RUNNABLE, n, home, 0, EST)
         ran = [i for lane in plan for i in lane.ids]
         assert sorted(ran) == sorted(RUNNABLE) and len(ran) == len(set(ran))
-        assert [lane.number for lane in plan] == list(range(1, n + 1))
+        side, tail = plan[:n], plan[n:]
+        assert [lane.number for lane in side] == list(range(1, n + 1))
         assert (plan[0].home, plan[0].offset, plan[0].scratch) == (home, 0, False)
-        for lane in plan[1:]:
+        for lane in side[1:]:
             assert lane.scratch and lane.home.parent == home.parent and lane.home != home
             assert lane.offset == lanes.LANE_OFFSETS[lane.number - 2]
+        # with lanes, the ones that run alone run last, on lane 1's stack, and only there
+        assert ALONE - FAULTS, "the catalog has experiments that run alone: this test sees less"
+        if n == 1:
+            assert tail == [] and set(plan[0].ids) >= ALONE
+        else:
+            assert [(t.number, t.home, t.offset, t.tail) for t in tail] == [(1, home, 0, True)]
+            assert set(tail[0].ids) == ALONE - FAULTS
+            assert not any(set(lane.ids) & (ALONE - FAULTS) for lane in side)
+            assert tail[0].folder(Path("o")) != side[0].folder(Path("o"))
         # a scratch lane leaves its stack's profile as it is (it is wiped next); lane 1 restores
         commands = [lanes.command(lane, Path("out")) for lane in plan]
-        assert ["--no-restore-profile" in c for c in commands] == [False] + [True] * (n - 1)
+        assert ["--no-restore-profile" in c for c in commands] == [lane.scratch for lane in plan]
+        assert [lane.scratch for lane in plan] == [False] + [True] * (n - 1) + [False] * len(tail)
         assert FAULTS, "the catalog has network faults: this test would see nothing"
-        assert set(plan[-1].ids) >= FAULTS
+        assert set(side[-1].ids) >= FAULTS
         for lane in plan:  # within a lane, a game day's order: the faults profile's last,
             # after the ones that run alone
             flags = [(i in FAULTS, i in ALONE) for i in lane.ids]
@@ -71,20 +82,17 @@ def test_two_lanes_balance_the_expected_durations() -> None:
     alone = sum(est.values())
     plan = lanes.plan(RUNNABLE, 2, Path("/h"), 0, est)
     assert ALONE, "the catalog has experiments that run alone: this test would see less"
-    waits = sum(est[i] for i in ALONE)  # every lane waits those out
-    ends = [
-        sum(est[i] for i in lane.ids if i not in ALONE)
-        + waits
-        + (lanes.LANE_START_S if lane.scratch else 0)
-        for lane in plan
-    ]
+    waits = sum(est[i] for i in ALONE)  # the tail lane runs those after the others
+    side = [lane for lane in plan if not lane.tail]
+    ends = [sum(est[i] for i in lane.ids) + (lanes.LANE_START_S if lane.scratch else 0)
+            for lane in side]  # fmt: skip
     # LPT: no lane ends later than half the shared work plus the scratch lane's start and the
-    # longest experiment, plus the one profile switch and the experiments run alone
+    # longest experiment, plus the one profile switch; then the experiments run alone
     bound = (alone - waits + lanes.LANE_START_S) / 2 + max(est.values())
-    assert max(ends) <= bound + lanes.PROFILE_SWITCH_S + waits, (ends, bound)
-    assert lanes.expected_end_s(plan, est) == max(
+    assert max(ends) <= bound + lanes.PROFILE_SWITCH_S, (ends, bound)
+    assert lanes.expected_end_s(plan, est) == waits + max(
         e + (lanes.PROFILE_SWITCH_S if lane.scratch and FAULTS & set(lane.ids) else 0)
-        for e, lane in zip(ends, plan, strict=True)
+        for e, lane in zip(ends, side, strict=True)
     )
     assert lanes.expected_end_s(plan, est) < 0.65 * alone
 
@@ -183,12 +191,36 @@ def test_two_lanes_run_their_shares_on_their_own_stacks_and_one_report_holds_all
     assert {e["id"]: e["verdict"] for e in summary["experiments"]}[ids[3]] == "deviated"
     lines = played.read_text().splitlines()
     runs = [json.loads(x) for x in lines if x.startswith("{")]
-    homes = {Path(x["home"]).name: x["ids"] for x in runs}
+    homes: dict[str, list[str]] = {}
+    for x in runs:  # lane 1's stack twice: its share, then the ones run alone
+        homes.setdefault(Path(x["home"]).name, []).extend(x["ids"])
     assert set(homes) == {"stack", "stack-lane2"}
     assert sorted(homes["stack"] + homes["stack-lane2"]) == sorted(ids)
     assert [x for x in lines if x.startswith("down")] == [f"down {tmp_path / 'stack-lane2'}"]
     report = (out / "report.md").read_text()
     assert all(f"[{i}]" in report for i in ids) and "5 of 6 experiments passed" in report
+
+
+def test_the_experiments_run_alone_come_last_on_lane_1_once_the_scratch_stack_is_down(
+    played: Path, tmp_path: Path
+) -> None:
+    alone = sorted(ALONE - FAULTS)
+    ids = [*alone, *[i for i in RUNNABLE if i not in ALONE][:4]]
+    out = tmp_path / "gd"
+    r = runner.invoke(app, ["chaos", "gameday", "--lanes", "2", "--only", ",".join(ids),
+                            "--out", str(out), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output.strip().splitlines()[-1])
+    assert sorted(e["id"] for e in summary["experiments"]) == sorted(ids)
+    tail = [x for x in summary["lanes"] if x["alone"]]
+    assert [(x["lane"], sorted(x["ids"]), x["exit"]) for x in tail] == [(1, alone, 0)]
+    lines = played.read_text().splitlines()
+    down = lines.index(f"down {tmp_path / 'stack-lane2'}")
+    runs = [(n, json.loads(x)) for n, x in enumerate(lines) if x.startswith("{")]
+    last = [n for n, x in runs if sorted(x["ids"]) == alone]
+    assert len(last) == 1 and last[0] > down, lines  # after the scratch stack went down
+    assert runs[-1][1]["home"] == str(tmp_path / "stack")  # on lane 1's stack
+    assert all(n < down for n, x in runs if sorted(x["ids"]) != alone)
 
 
 def test_a_lane_whose_stack_does_not_start_fails_its_experiments_and_is_still_taken_down(
