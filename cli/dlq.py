@@ -101,7 +101,7 @@ class Tools:
     """The clients one command needs, from the platform's settings."""
 
     def __init__(self) -> None:
-        from services.aggregator.settings import DEDUP_GUARANTEED_S
+        from services.aggregator.settings import AggregatorSettings
         from services.contracts import clients
 
         try:
@@ -112,9 +112,7 @@ class Tools:
         self.registry = clients.schema_registry(self.settings)
         self.deserialize = clients.like_deserializer(self.registry)
         self.serialize = clients.like_serializer(self.registry)
-        # what the aggregator's dedup set holds even at its peak rate: a replay within it counts
-        # once whatever the partition's rate (its longer time bound holds only below the peak)
-        self.horizon_s = DEDUP_GUARANTEED_S
+        self.horizon_s = float(AggregatorSettings.model_fields["agg_dedup_horizon_s"].default)
 
     def consumer(self) -> Any:
         return topic_read.consumer(self.kafka, "dlq-cli")

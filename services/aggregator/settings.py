@@ -11,11 +11,6 @@ from services.contracts import convergence, events
 from services.contracts import kafka as kafka_contract
 from services.contracts.settings import HotPoolSettings
 
-# what the dedup set holds at the peak rate (its count bound's reach), and at most (its time
-# bound): see AggregatorSettings.agg_dedup_horizon_s
-DEDUP_GUARANTEED_S = 2 * convergence.HOLD_S
-DEDUP_HORIZON_S = 600.0
-
 
 class AggregatorSettings(HotPoolSettings):
     agg_group_id: str = kafka_contract.AGGREGATOR_GROUP
@@ -27,23 +22,15 @@ class AggregatorSettings(HotPoolSettings):
     agg_window_max_stretch_ms: int = 10_000  # back-pressure: a slow flush lengthens windows
     # Dedup bound, per partition: intents no older than `agg_dedup_horizon_s` (by message time),
     # at most `agg_dedup_capacity` of them. Duplicate publications (the writer's late ack and the
-    # relay's republish, contracts/convergence.py) arrive within HOLD_S while the stores answer.
-    # The capacity is sized from the partition's peak rate over DEDUP_GUARANTEED_S (twice
-    # HOLD_S), so at the peak the count bound still holds the whole republish horizon (review
-    # D4: 100 k intents were ~16 s of a hot partition, less than the relay's horizon).
-    # The time bound is much longer, because a republish can come far later than HOLD_S: when
-    # the edge-store is down, the writer's "published" mark fails and the relay republishes the
-    # row once the store is back. Measured in a game day (edge-store-quorum-loss, 2 lanes):
-    # Cassandra down 30 s, back 74 s later, the relay's copy came 105.7 s after the writer's,
-    # past the old 56 s horizon, and the like counted twice. While the store is down writes are
-    # refused, so the partition sees few new intents and the count bound does not cut the set
-    # short: at any rate below the peak the set holds up to the time bound, and the memory is
-    # never more than the capacity's (the same as before). A duplicate later than what the set
-    # holds counts twice: the reconciler (`likes recount`) repairs it, and
-    # likes_aggregator_dedup_horizon_seconds shows the horizon each partition really holds.
-    agg_dedup_horizon_s: float = DEDUP_HORIZON_S
+    # relay's republish, contracts/convergence.py) arrive within HOLD_S; the horizon is twice
+    # that. The capacity is sized from the partition's peak rate, so the count bound never cuts
+    # the horizon short (review D4: 100 k intents were ~16 s of a hot partition, less than the
+    # relay's republish horizon). A duplicate later than the horizon counts twice: the
+    # reconciler (`likes recount`) repairs it, and likes_aggregator_dedup_horizon_seconds shows
+    # the horizon each partition really holds.
+    agg_dedup_horizon_s: float = 2 * convergence.HOLD_S
     agg_dedup_peak_rate: int = 6000  # events/s of the hottest partition (a split viral post)
-    agg_dedup_capacity: int = 0  # 0: peak_rate x DEDUP_GUARANTEED_S
+    agg_dedup_capacity: int = 0  # 0: peak_rate x horizon
     agg_cell_cache_size: int = 500_000
     agg_poison_attempts: int = 3
     agg_store_concurrency: int = 64
@@ -84,13 +71,7 @@ class AggregatorSettings(HotPoolSettings):
 
     @property
     def dedup_capacity(self) -> int:
-        return self.agg_dedup_capacity or int(self.agg_dedup_peak_rate * DEDUP_GUARANTEED_S)
-
-    @property
-    def dedup_guaranteed_s(self) -> float:
-        """How far back the set remembers even at the peak rate (the count bound's reach):
-        the only horizon a replay may rely on (`likes dlq replay`)."""
-        return min(self.agg_dedup_horizon_s, self.dedup_capacity / self.agg_dedup_peak_rate)
+        return self.agg_dedup_capacity or int(self.agg_dedup_peak_rate * self.agg_dedup_horizon_s)
 
     def topic(self, name: str) -> str:
         return self.agg_topic_prefix + name

@@ -299,9 +299,8 @@ class Aggregator:
         are re-read into the dedup set only, so it holds what the previous owner's held.
 
         "A horizon before" is found by time (the first offset at now - 2 x horizon: the last
-        20 minutes of a caught-up partition, a few messages of a cold one) and bounded by the
-        capacity (a hot partition's last ~56 s); a group lagging further than that re-reads
-        `capacity` messages."""
+        minute or so of a caught-up partition, a few messages of a cold one) and bounded by the
+        capacity; a group lagging further than that re-reads `capacity` messages."""
         committed = consumer.committed(partitions, timeout=30)
         n = self.s.dedup_capacity
         horizon_ms = int(self.s.agg_dedup_horizon_s * 1000)

@@ -507,28 +507,6 @@ def test_duplicate_publications_of_one_intent_count_once(
     assert counter("likes_aggregator_dedup_hits_total") - hits_before == 6
 
 
-def test_a_republish_that_waited_out_an_edge_store_outage_counts_once(
-    settings: AggregatorSettings, producer: Producer, serialize: Any, rc: RedisCluster,
-) -> None:  # fmt: skip
-    """The relay's copy of a like whose writer's "published" mark failed while the edge-store
-    was down comes once the store is back: in a game day 105.7 s after the writer's copy, past
-    the old 56 s dedup horizon, and the like counted twice. The writer's copy is stamped that
-    long ago here (its message time), the relay's now."""
-    post = f"post-{uuid.uuid4()}"
-    e = like(post)
-    topic, key, value = msg(serialize, e)
-    writers = int(time.time() * 1000) - 106_000
-    with running(settings):
-        producer.produce(topic, key=key, value=value, timestamp=writers)
-        assert producer.flush(30) == 0
-        wait_for(counted(rc, post, 1), what="the writer's copy counted")
-        producer.produce(topic, key=key, value=value)  # the relay's, stamped now
-        produce(producer, [msg(serialize, like(post))])  # and a new like after it
-        wait_for(counted(rc, post, 2), what="the new like counted")
-        time.sleep(2.5)  # a couple more windows: nothing else may land
-    assert agg_count(rc, post) == 2
-
-
 def test_voids_and_unvoids_are_deduplicated_in_a_key_space_of_their_own(
     settings: AggregatorSettings, producer: Producer, serialize: Any, session: Session,
     rc: RedisCluster,

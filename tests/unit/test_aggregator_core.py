@@ -276,31 +276,6 @@ def test_top_reactions_ranks_and_caps() -> None:
     assert list(top_reactions(counts)) == ["b", "c", "h", "g", "f"]
 
 
-def test_the_default_dedup_catches_a_republish_that_waited_out_an_edge_store_outage() -> None:
-    # found by the game day (edge-store-quorum-loss in 2 lanes): the writer's "published" mark
-    # failed with Cassandra down, and the relay republished the row 105.7 s after the writer's
-    # copy, once the store was back. Meanwhile writes were refused (503), so few new intents
-    # came: the 56 s horizon of the time bound, not the count bound, let the like count twice.
-    s = AggregatorSettings()
-    d = PartitionDedup(s.dedup_capacity, int(s.agg_dedup_horizon_s * 1000))
-    first = str(uuid.uuid4())
-    assert not d.check_and_add(first, 0)
-    for ms in range(1_000, 106_000, 100):  # 10 other intents a second meanwhile
-        d.check_and_add(str(uuid.uuid4()), ms)
-    assert d.check_and_add(first, 105_700)
-
-
-def test_the_dedup_set_never_holds_more_than_the_peak_rate_over_its_guaranteed_horizon() -> None:
-    """The longer time bound costs no memory at the peak: the count bound is what it was."""
-    s = AggregatorSettings()
-    assert s.dedup_capacity == int(s.agg_dedup_peak_rate * 2 * convergence.HOLD_S)
-    assert s.dedup_guaranteed_s == 2 * convergence.HOLD_S < s.agg_dedup_horizon_s
-    d = PartitionDedup(s.dedup_capacity, int(s.agg_dedup_horizon_s * 1000))
-    for i in range(s.dedup_capacity + 1000):
-        d.check_and_add(str(uuid.UUID(int=i)), i // 10)
-    assert len(d) == s.dedup_capacity
-
-
 def test_the_default_dedup_remembers_a_hot_partition_for_the_whole_republish_horizon() -> None:
     # review D4: 100 k intents were ~16 s of a partition at 6 k events/s, less than the time a
     # duplicate publication can take (contracts/convergence.HOLD_S): it counted twice
