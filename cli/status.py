@@ -66,8 +66,9 @@ def _lag(s: settings_mod.Settings) -> View:
     ]
     # a partition Kafka did not answer for: a row without figures, and a problem naming why (the
     # column is there only when some partition is unread)
-    for row in rows if read.unread else []:
-        row["unread"] = None
+    if read.unread:
+        for row in rows:
+            row["unread"] = None
     for u in sorted(read.unread, key=lambda x: (x.group, x.topic, x.partition)):
         rows.append({"group": u.group, "topic": u.topic, "partition": u.partition,
                      "seconds": None, "messages": None, "committed": None, "end": None,

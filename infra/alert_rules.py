@@ -875,7 +875,7 @@ def worker_alerts(runbook_base: str = RUNBOOK_BASE) -> list[dict[str, Any]]:
             summary="Consumer lag has not been known for 5 minutes",
             description=(
                 "The consumer-lag exporter exports nothing, or not every partition's lag: it "
-                "is down, or a broker does not answer it (likes_consumer_lag_unread_partitions "
+                f"is down, or a broker does not answer it ({metric_names.CONSUMER_LAG_UNREAD} "
                 "counts the partitions it cannot read). The consumer-lag SLO and its alerts "
                 "are blind to those partitions meanwhile."
             ),
