@@ -53,7 +53,7 @@ def build(s: ScorerSettings, **consumer_overrides: Any) -> Built:
     overrides = {k.replace("_", "."): v for k, v in consumer_overrides.items()}
     voider = Voider(
         session=session, publisher=publisher, region=s.region,
-        serialize=clients.like_serializer(registry),
+        serialize=clients.like_serializer(registry), idem=idem,
     )  # fmt: skip
     scorer = Scorer(
         s,

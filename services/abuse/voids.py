@@ -99,8 +99,12 @@ class Voider:
         serialize: Callable[[events.LikeEvent, SerializationContext], bytes | None],
         region: str,
         publish_wait_s: float = 2.0,
+        idem: Any = None,
     ) -> None:
+        """`idem`: the idem-store, where a void Kafka acked but whose outbox row could not be
+        deleted is noted, so the relay does not publish it again (write/core.py after_publish)."""
         self.session = session
+        self.idem = idem
         self.publisher = publisher
         self.serialize = serialize
         self.region = region
@@ -330,7 +334,7 @@ class Voider:
     ) -> Callable[[Any], None]:
         oshard = outbox_shard(event.user_id)
         return lambda f: after_publish(
-            self.session, self.q, f, event.user_id, event.event_id, bucket, oshard, now
+            self.session, self.q, f, event.user_id, event.event_id, bucket, oshard, now, self.idem
         )
 
     def _edge(self, user_id: str, post_id: str) -> Any:

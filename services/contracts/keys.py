@@ -57,6 +57,13 @@ def idem_key(user_id: str, post_id: str, intent_uuid: str) -> str:
     return f"idem:{user_id}:{post_id}:{intent_uuid}"
 
 
+def published_key(event_id: str) -> str:
+    """In the idem-store: Kafka acked this outbox event, but its row could not be deleted (the
+    edge-store failed the cleanup). The relay reads it before republishing the row: a copy that
+    late could be past the aggregator's dedup horizon and count twice (services/relay/core.py)."""
+    return f"outbox:published:{event_id}"
+
+
 def bloom_key(user_id: str) -> str:
     return f"bloom:{{{user_id}}}"
 

@@ -23,6 +23,8 @@ OUTBOX_BACKLOG = "likes_outbox_backlog"
 OUTBOX_PUBLISHED = "likes_outbox_published_total"
 OUTBOX_PUBLISH_FAILURES = "likes_outbox_publish_failures_total"
 OUTBOX_RELAY_MEMBERS = "likes_outbox_relay_members"
+# rows cleaned up unpublished: their writer noted the event as acked by Kafka (keys.published_key)
+OUTBOX_ALREADY_PUBLISHED = "likes_outbox_already_published_total"
 
 # the read service's own (services/read/metrics.py, services/read/hotkeys.py)
 READ_HOT_POOL = "likes_read_hot_pool_total"  # label result

@@ -153,7 +153,8 @@ OUTBOX_RELAY = Workload(
     "services.relay",
     "services.relay.settings:RelaySettings",
     OPS_PORT,
-    uses=("cassandra_hosts", "kafka_bootstrap", TRACES),
+    # the outbox (edge-store), Kafka, and the writers' notes of events already published
+    uses=("cassandra_hosts", "kafka_bootstrap", "idem_store_nodes", TRACES),
 )
 AGGREGATOR = Workload(
     "aggregator",

@@ -41,6 +41,7 @@ def main() -> None:
         leases=leases,
         dead_letter_attempts=settings.relay_dead_letter_attempts,
         dead_letter_after_s=settings.relay_dead_letter_after_s,
+        idem=lambda: clients.idem_store(settings),  # notes of events in Kafka whose rows stayed
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -4,6 +4,11 @@ Safe to run more than once: two relays may publish the same row twice, which is 
 event keeps its event_id and intent_uuid and every consumer dedups on intent_uuid. With `leases`,
 a replica drains only the shards it holds a lease on (leases.py), so replicas do not all scan and
 republish the same rows; without, it drains every shard (a tool, a test).
+
+Consumers dedup only within their horizon (the aggregator's: 2 x convergence.HOLD_S), and a row
+can outlive it: its writer's copy was acked but the row's delete failed with the edge-store,
+which then kept the relay from reading the row for minutes. Such a row is noted in the
+idem-store (services/write/core.py note_published), and the relay cleans it up unpublished.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ from prometheus_client import Counter, Gauge
 from services.common import observability
 from services.contracts import convergence, dlq, events, workloads
 from services.contracts import metrics as names
-from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED
+from services.contracts.clients import CASSANDRA_ERRORS, CASSANDRA_REFUSED, REDIS_ERRORS
 from services.relay.leases import ShardLeases
-from services.write.core import OUTBOX_SHARDS, Publisher
+from services.write.core import OUTBOX_SHARDS, Publisher, note_published, published_noted
 
 log = logging.getLogger("relay")
 
@@ -46,6 +51,10 @@ DEAD_LETTERED = Counter(
 DEAD_LETTER_FAILURES = Counter(
     "likes_outbox_dead_letter_failures",
     "Dead-letter sends the topic refused (the row stays and is retried)",
+)
+ALREADY_PUBLISHED = Counter(
+    names.OUTBOX_ALREADY_PUBLISHED,
+    "Outbox rows cleaned up without a republish: Kafka had acked them (noted in the idem-store)",
 )
 LOW_WATER_AGE = Gauge(
     "likes_outbox_low_water_age_seconds",
@@ -66,6 +75,7 @@ class PassResult:
     pending: int = 0
     dropped_markers: int = 0
     dead_lettered: int = 0
+    already_published: int = 0  # cleaned up, not republished: their event is noted as in Kafka
     shards: frozenset[int] = frozenset()  # the shards this pass drained
     published_ids: list[str] = field(default_factory=list)  # event ids, in publish order
 
@@ -109,8 +119,15 @@ class OutboxRelay:
         dead_letter_attempts: int = 5,
         dead_letter_after_s: float = 1800.0,
         clock: Callable[[], float] = time.time,
+        idem: Callable[[], Any] | None = None,
     ) -> None:
+        """`idem` makes the idem-store's client, where a writer notes an event Kafka acked but
+        whose row it could not delete (services/write/core.py note_published); it is called
+        when first needed, and again until it connects (a relay must drain the outbox while
+        the idem-store is down). None: every row is published (a tool, a test)."""
         self.session = session
+        self._idem_factory = idem
+        self._idem: Any = None
         self.publisher = publisher
         self.stale_marker_s = stale_marker_s
         # a younger row is most likely being published by its writer right now (it waits up to
@@ -213,6 +230,7 @@ class OutboxRelay:
         markers = list(self.session.execute(self.q_markers, (bucket, shard, self.batch)))
         oldest: float | None = None
         inflight: list[tuple[Future[None], Any, Any]] = []
+        take: list[tuple[Any, Any]] = []  # (marker, row) old enough to publish
         for m in markers:
             try:
                 row = self.session.execute(self.q_row, (m.user_id, str(m.event_id))).one()
@@ -250,6 +268,17 @@ class OutboxRelay:
             if now - created < self.min_age_s:
                 oldest = created if oldest is None else min(oldest, created)
                 continue
+            take.append((m, row))
+        noted = self._noted([str(m.event_id) for m, _ in take])
+        for m, row in take:
+            if str(m.event_id) in noted:
+                # its writer's ack came, its delete did not: republished now, minutes after the
+                # writer's copy, the like would count twice
+                ALREADY_PUBLISHED.inc()
+                res.already_published += 1
+                res.pending -= 1
+                self._cleanup(m, bucket, shard)
+                continue
             if row.topic is None or row.payload is None or row.kafka_key is None:
                 fut: Future[None] = Future()
                 fut.set_exception(ValueError("outbox row without topic, key or payload"))
@@ -273,8 +302,29 @@ class OutboxRelay:
             PUBLISHED.inc()
             res.published += 1
             res.published_ids.append(str(m.event_id))
-            self._cleanup(m, bucket, shard)
+            if not self._cleanup(m, bucket, shard):
+                idem = self._idem_client()
+                if idem is not None:  # as a writer does: not published again
+                    note_published(idem, str(m.event_id))
         return not markers, oldest
+
+    def _noted(self, event_ids: list[str]) -> set[str]:
+        """The events noted as already in Kafka. An idem-store that does not answer notes
+        nothing: the rows are published (a like never published is lost; one published twice
+        is deduped, or repaired by the reconciler)."""
+        if not event_ids:
+            return set()
+        idem = self._idem_client()
+        if idem is None:
+            return set()
+        try:
+            return published_noted(idem, event_ids)
+        except REDIS_ERRORS as e:
+            log.warning(
+                "idem-store unreadable: publishing without checking for notes",
+                extra={"fields": {"error": str(e), "rows": len(event_ids)}},
+            )
+            return set()
 
     def _publish(self, row: Any, event_id: uuid.UUID) -> Future[None]:
         """Publish an outbox row as its writer would have, in the writer's trace: a span of the
@@ -353,12 +403,26 @@ class OutboxRelay:
         )  # fmt: skip
         return False
 
-    def _cleanup(self, m: Any, bucket: int, shard: int) -> None:
+    def _idem_client(self) -> Any:
+        if self._idem is None and self._idem_factory is not None:
+            try:
+                self._idem = self._idem_factory()
+            except REDIS_ERRORS as e:
+                log.warning("idem-store unreachable", extra={"fields": {"error": str(e)}})
+        return self._idem
+
+    def _cleanup(self, m: Any, bucket: int, shard: int) -> bool:
+        """Delete a published row and its marker; False if the row may be left."""
         try:
             self.session.execute(self.q_del_row, (m.user_id, str(m.event_id)))
-            self.session.execute(self.q_del_marker, (bucket, shard, m.created_at, m.event_id))
-        except CASSANDRA_ERRORS as e:  # the next pass sees it published or republishes (dedup)
+        except CASSANDRA_ERRORS as e:  # the next pass finds it again
             log.warning("relay cleanup failed", extra={"fields": {"error": str(e)}})
+            return False
+        try:
+            self.session.execute(self.q_del_marker, (bucket, shard, m.created_at, m.event_id))
+        except CASSANDRA_ERRORS as e:  # a marker without its row: a later pass drops it
+            log.warning("relay cleanup failed", extra={"fields": {"error": str(e)}})
+        return True
 
 
 def now_utc() -> datetime:

@@ -32,7 +32,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -484,7 +484,9 @@ class LikeWriter:
         self, fut: Future[None], user_id: str, event_id: str, bucket: int, oshard: int,
         created: datetime,
     ) -> None:  # fmt: skip
-        after_publish(self.session, self.q, fut, user_id, event_id, bucket, oshard, created)
+        after_publish(
+            self.session, self.q, fut, user_id, event_id, bucket, oshard, created, self.idem
+        )
 
     def has_liked(self, user_id: str, post_id: str) -> bool:
         row = self.session.execute(self.q.edge_state, (user_id, post_id)).one()
@@ -505,24 +507,65 @@ def drop_marker(
 
 def after_publish(
     session: Session, q: Statements, fut: Future[None], user_id: str, event_id: str,
-    bucket: int, oshard: int, created: datetime,
+    bucket: int, oshard: int, created: datetime, idem: Any = None,
 ) -> None:  # fmt: skip
     """Once Kafka has an outbox event, its row and marker are done with (the write path's and
-    the abuse scorer's voids alike).
+    the abuse scorer's voids alike). If the row cannot be deleted, a note in the idem-store
+    (`idem`) tells the relay the event is already in Kafka (note_published).
 
     Runs on the producer's poll thread, which serves every delivery: fire the deletes
     asynchronously so one slow round trip does not hold up the other writes' acks."""
     if fut.exception() is not None:
         return
 
-    def failed(e: BaseException) -> None:  # harmless: the relay republishes, consumers dedup
+    def failed(e: BaseException) -> None:  # the marker alone: the relay drops it, no row left
         log.warning("outbox cleanup failed", extra={"fields": {"error": str(e)}})
 
+    def row_left(e: BaseException) -> None:
+        failed(e)
+        if idem is not None:  # off the driver's IO thread, where an errback runs
+            _NOTES.submit(note_published, idem, event_id)
+
     try:
-        for stmt, args in (
-            (q.delete_outbox, (user_id, event_id)),
-            (q.delete_marker, (bucket, oshard, created, uuid.UUID(event_id))),
-        ):
-            session.execute_async(stmt, args).add_errback(failed)
+        session.execute_async(q.delete_outbox, (user_id, event_id)).add_errback(row_left)
+    except CASSANDRA_ERRORS as e:
+        row_left(e)
+    try:
+        session.execute_async(
+            q.delete_marker, (bucket, oshard, created, uuid.UUID(event_id))
+        ).add_errback(failed)
     except CASSANDRA_ERRORS as e:
         failed(e)
+
+
+# Outbox rows whose event Kafka acked but whose delete failed (the edge-store lost its quorum
+# after the batch applied) used to be republished by the relay once the store came back, minutes
+# later: past the aggregator's dedup horizon, so the like counted twice (the game day's
+# edge-store-quorum-loss, invariant 2). The writer notes such an event in the idem-store, which
+# does not share the edge-store's fault, and the relay cleans the row up instead of republishing.
+# A note that cannot be written either (both stores failing at once) leaves the old behaviour:
+# a republish, a double count if it is that late, which `likes recount` repairs.
+_NOTES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-note")
+
+
+def note_published(idem: Any, event_id: str) -> None:
+    """Note in the idem-store that Kafka has this outbox event (keys.published_key): kept as
+    long as an idempotency key, longer than an outbox row waits for a store to come back."""
+    try:
+        idem.set(keys.published_key(event_id), "1", ex=IDEM_TTL_S)
+    except REDIS_ERRORS as e:
+        log.warning(
+            "no note of a published outbox event: the relay will republish it",
+            extra={"fields": {"event_id": event_id, "error": str(e)}},
+        )
+
+
+def published_noted(idem: Any, event_ids: list[str]) -> set[str]:
+    """The event ids among these that Kafka is noted to have (note_published). Raises what the
+    idem-store raises (REDIS_ERRORS)."""
+    if not event_ids:
+        return set()
+    pipe = idem.pipeline()
+    for e in event_ids:
+        pipe.exists(keys.published_key(e))
+    return {e for e, n in zip(event_ids, pipe.execute(), strict=True) if n}

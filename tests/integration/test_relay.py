@@ -7,11 +7,14 @@ dead replica's."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +30,7 @@ from services.contracts import clients, convergence, events, keys
 from services.contracts import metrics as metric_names
 from services.relay import core as relay_core
 from services.relay.core import OutboxRelay
+from services.write import core as write_core
 from services.write.core import OUTBOX_SHARDS, Publisher, outbox_shard
 from tests import loopback
 from tests.conftest import Stack
@@ -99,6 +103,72 @@ def _drop_and_publish(stack: Stack, cql: Session) -> None:
     assert markers_of(cql, *late_at, uuid.UUID(ev.event_id)) == 0
     assert outbox_rows(cql, user) == []
     assert [e.event_id for e in events_for(stack, {intent}, want=1)] == [ev.event_id]
+
+
+def test_an_acked_event_whose_row_the_edge_store_fails_to_delete_is_noted(stack: Stack) -> None:
+    """Kafka acked the event, then the edge-store failed the row's delete (hung here: the
+    delete times out). The writer notes the event in the idem-store, which the relay reads
+    before it republishes (the next test). Without the note, the row waited for the store and
+    was republished minutes later, past the aggregator's dedup horizon: a double count."""
+    settings = stack.settings()
+    cluster, session = clients.cassandra(settings)  # a 2 s request timeout, as the writer's
+    idem = clients.idem_store(settings)
+    q = write_core.Statements(session)  # prepared while the store answers
+    acked: Future[None] = Future()
+    acked.set_result(None)
+    created = datetime.now(UTC)
+    bucket = int(created.timestamp() // 60)
+
+    def cleanup(event_id: str) -> None:
+        user = f"u-{uuid.uuid4()}"
+        write_core.after_publish(
+            session, q, acked, user, event_id, bucket, outbox_shard(user), created, idem
+        )
+
+    try:
+        deleted = str(uuid.uuid4())
+        cleanup(deleted)  # the store answers: the deletes succeed, nothing is noted
+        left = str(uuid.uuid4())
+        pid = stack.pid("cassandra")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            cleanup(left)
+            wait_for(lambda: idem.exists(keys.published_key(left)), 20, "the note")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert idem.ttl(keys.published_key(left)) > 3600  # outlives a store's outage
+        assert not idem.exists(keys.published_key(deleted))
+    finally:
+        cluster.shutdown()
+
+
+def test_a_row_noted_as_published_is_cleaned_up_not_published_again(
+    stack: Stack, cql: Session
+) -> None:
+    """The relay reads the notes before it publishes: a noted row is deleted unpublished (its
+    writer's copy is in Kafka), a row without one is published, each event once in the log.
+    Both rows are older than the aggregator's dedup horizon, as after the edge-store's outage."""
+    created = datetime.now(UTC) - timedelta(seconds=2 * convergence.HOLD_S + 60)
+    idem = clients.idem_store(stack.settings())
+    noted_user, plain_user = f"u-{uuid.uuid4()}", f"u-{uuid.uuid4()}"
+    with own_relays(stack) as (session, publisher):
+        noted, noted_event, noted_at = unpublished_row(stack, cql, created, user=noted_user)
+        plain, plain_event, plain_at = unpublished_row(stack, cql, created, user=plain_user)
+        row = cql.execute(
+            "SELECT topic, kafka_key, payload FROM edges WHERE user_id = %s AND kind = 'outbox' "
+            "AND ref = %s",
+            (noted_user, noted_event),
+        ).one()
+        # the writer's copy, acked; its row's delete failed, so it noted the event
+        publisher.publish(row.topic, row.kafka_key, row.payload).result(timeout=30)
+        write_core.note_published(idem, noted_event)
+        res = OutboxRelay(session, publisher, idem=lambda: idem).run_once()
+    assert res.already_published == 1 and res.published >= 1
+    assert outbox_rows(cql, noted_user) == [] and outbox_rows(cql, plain_user) == []
+    assert markers_of(cql, *noted_at, uuid.UUID(noted_event)) == 0
+    assert markers_of(cql, *plain_at, uuid.UUID(plain_event)) == 0
+    copies = Counter(e.intent_uuid for e in events_for(stack, {noted, plain}, want=2))
+    assert copies == {noted: 1, plain: 1}
 
 
 # -- outbox rows as a writer leaves them ------------------------------------------------------
