@@ -260,6 +260,8 @@ def test_the_abuse_scorer_dials_its_model_sidecar_which_reads_the_models_claim(
     claim = named(p, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
     assert claim.inputs["spec"]["accessModes"] == ["ReadWriteMany"]
     assert mount.get("readOnly") is True  # the trainer publishes; a server only reads
+    # small batches: OpenMP threads would only spin (infra/services.py `_sidecar`)
+    assert {"name": "OMP_NUM_THREADS", "value": "1"} in raw["env"]
 
 
 def test_the_scorers_feature_store_follows_its_replica_bound(
