@@ -162,13 +162,15 @@ class LagReader:
         `failed` with the reason, and the others are still read. A partition refused with a
         retriable error (its leader just moved or came back: LEADER_NOT_AVAILABLE,
         UNKNOWN_LEADER_EPOCH, measured after a broker rejoined) is asked once more."""
-        out, retry = self._list_offsets(keys, spec, failed)
+        mine: dict[Key, str] = {}  # this call's: `failed` may hold another spec's already
+        out, retry = self._list_offsets(keys, spec, mine)
         if retry:
             time.sleep(RETRY_AFTER_S)  # librdkafka refreshes the leaders' metadata meanwhile
-            again, _ = self._list_offsets(retry, spec, failed)
+            again, _ = self._list_offsets(retry, spec, mine)
             out.update(again)
-        for key in out:
-            failed.pop(key, None)
+        for key, why in mine.items():
+            if key not in out:  # a retry that succeeded clears its first failure
+                failed.setdefault(key, why)
         return out
 
     def _list_offsets(
