@@ -67,6 +67,7 @@ BUCKET_S = 60  # a marker's bucket is its created_at in epoch minutes (002_table
 TRAILING_BUCKETS = 1 + math.ceil(convergence.MAX_CLOCK_SKEW_S / BUCKET_S)
 DEAD_LETTER_SOURCE = "outbox"  # dlq.source of the relay's dead letters
 RELAY_PUBLISH_SPAN = "outbox publish"  # a republished event's span, in its write's trace
+IDEM_RETRY_S = 10.0  # an idem-store that failed a call is asked again after this
 
 
 @dataclass
@@ -128,6 +129,9 @@ class OutboxRelay:
         self.session = session
         self._idem_factory = idem
         self._idem: Any = None
+        # after the idem-store failed a call: not asked again until then (monotonic s), so a
+        # pass over many buckets does not wait out its timeouts once per bucket
+        self._idem_down_until = 0.0
         self.publisher = publisher
         self.stale_marker_s = stale_marker_s
         # a younger row is most likely being published by its writer right now (it waits up to
@@ -320,6 +324,7 @@ class OutboxRelay:
         try:
             return published_noted(idem, event_ids)
         except REDIS_ERRORS as e:
+            self._idem_down_until = time.monotonic() + IDEM_RETRY_S
             log.warning(
                 "idem-store unreadable: publishing without checking for notes",
                 extra={"fields": {"error": str(e), "rows": len(event_ids)}},
@@ -404,10 +409,14 @@ class OutboxRelay:
         return False
 
     def _idem_client(self) -> Any:
+        """The idem-store's client; None without one, or while it is taken as down."""
+        if time.monotonic() < self._idem_down_until:
+            return None
         if self._idem is None and self._idem_factory is not None:
             try:
                 self._idem = self._idem_factory()
             except REDIS_ERRORS as e:
+                self._idem_down_until = time.monotonic() + IDEM_RETRY_S
                 log.warning("idem-store unreachable", extra={"fields": {"error": str(e)}})
         return self._idem
 

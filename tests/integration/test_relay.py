@@ -7,6 +7,7 @@ dead replica's."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -169,6 +170,34 @@ def test_a_row_noted_as_published_is_cleaned_up_not_published_again(
     assert markers_of(cql, *plain_at, uuid.UUID(plain_event)) == 0
     copies = Counter(e.intent_uuid for e in events_for(stack, {noted, plain}, want=2))
     assert copies == {noted: 1, plain: 1}
+
+
+def test_with_the_idem_store_down_rows_are_published_and_it_is_not_asked_every_bucket(
+    stack: Stack, cql: Session
+) -> None:
+    """No note can be read: the row is published all the same (a like never published is
+    lost). The idem-store is then left alone for IDEM_RETRY_S, so a pass over many buckets does
+    not wait out a connect timeout once per bucket."""
+    created = datetime.now(UTC) - timedelta(seconds=2 * convergence.HOLD_S + 60)
+    settings = stack.settings().model_copy(update={"idem_store_nodes": "127.0.0.1:1"})
+    asked = []
+
+    def unreachable() -> Any:
+        asked.append(time.monotonic())
+        return clients.idem_store(settings)  # connection refused: raises
+
+    user = f"u-{uuid.uuid4()}"
+    with own_relays(stack) as (session, publisher):
+        first, _, _ = unpublished_row(stack, cql, created, user=user)
+        relay = OutboxRelay(session, publisher, idem=unreachable)
+        res = relay.run_once()
+        second, _, _ = unpublished_row(stack, cql, created, user=user)
+        again = relay.run_once()
+    # asked at least once (its rows were checked), never twice within IDEM_RETRY_S
+    assert asked and all(b - a >= relay_core.IDEM_RETRY_S for a, b in itertools.pairwise(asked))
+    assert res.published >= 1 and again.published >= 1 and outbox_rows(cql, user) == []
+    copies = Counter(e.intent_uuid for e in events_for(stack, {first, second}, want=2))
+    assert copies == {first: 1, second: 1}
 
 
 # -- outbox rows as a writer leaves them ------------------------------------------------------
