@@ -220,6 +220,14 @@ def turn(locks: Path | None, alone: bool) -> Iterator[None]:
                 fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+def reserve_ports(lane: Lane) -> str | None:
+    """Keep the kernel from lending the lane's ports to client sockets (local/ephemeral.py):
+    a scratch lane's Kafka ports are in the ephemeral range. Why they could not be, or None."""
+    from local import ephemeral, layout
+
+    return ephemeral.reserve(layout.Ports(lane.offset).every())[1]
+
+
 def up_command(tls: bool) -> list[str]:
     """A scratch lane's stack, in lane 1's TLS profile (the faults profile is the lane's own
     game day's to switch to)."""

@@ -15,6 +15,7 @@ from chaos.k8s import DEFAULT_STACK
 from chaos.lanes import MAX_LANES
 
 if TYPE_CHECKING:
+    from chaos import lanes as lanes_mod
     from chaos import runner as runner_types
 
 app = typer.Typer(
@@ -275,6 +276,13 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
     base = layout.from_env()
     est = {i: lanes_.estimate_s(i) for i in ids}
     plan = lanes_.plan(ids, n, base.home, base.ports.offset, est)
+    # before lane 1's traffic opens its connections: one of them could take a scratch lane's
+    # Kafka port (local/ephemeral.py); each lane's `up` reserves its own again
+    for lane in plan:
+        if lane.scratch:
+            unreserved = lanes_.reserve_ports(lane)
+            if unreserved and not json_out:
+                err.print(f"[yellow]warning:[/] lane {lane.label}: {unreserved}")
     if not json_out:
         t = Table(title=f"{len(ids)} experiments on {len(plan)} lanes, expected "
                         f"~{lanes_.expected_end_s(plan, est) / 60:.0f} min")  # fmt: skip
@@ -311,8 +319,12 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
                     up = spawn(lane, lanes_.up_command(base.tls))
                     output, _ = up.communicate()
                 if up.returncode != 0:
+                    kept = _keep_start_logs(lane, out, output)  # the stack is wiped below
                     tail = " / ".join(output.strip().splitlines()[-3:])
-                    failures[lane.number] = f"lane {lane.number}'s stack did not start: {tail}"
+                    failures[lane.number] = (
+                        f"lane {lane.number}'s stack did not start (its output and server logs "
+                        f"are in {kept}): {tail}"
+                    )
                     say(lane, failures[lane.number])
                     return
             if stopping.is_set():
@@ -372,3 +384,19 @@ def _gameday_in_lanes(ids: list[str], n: int, out: Path, json_out: bool) -> None
         raise typer.Exit(130)
     if any(r.verdict != "passed" for r in results):
         raise typer.Exit(1)
+
+
+def _keep_start_logs(lane: lanes_mod.Lane, out: Path, output: str) -> Path:
+    """A scratch lane whose stack did not start: `up`'s output and the stack's server logs,
+    copied into the lane's folder of the game day before the stack is wiped."""
+    import shutil
+
+    from local import layout
+
+    kept = lane.folder(out) / "stack-start"
+    kept.mkdir(parents=True, exist_ok=True)
+    (kept / "up.log").write_text(output)
+    logs = layout.Layout(home=lane.home, ports=layout.Ports(lane.offset)).logs
+    if logs.is_dir():
+        shutil.copytree(logs, kept / "logs", dirs_exist_ok=True)
+    return kept

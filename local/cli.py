@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from local import components, layout, rendered, supervisor, transforms
+from local import components, ephemeral, layout, rendered, supervisor, transforms
 from local.components.base import MissingBinary
 from local.maven import MavenError
 
@@ -155,6 +155,9 @@ def up(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(1) from None
     layout.record_profile(sup.layout)
+    _, unreserved = ephemeral.reserve(sup.layout.ports.every())
+    if unreserved:
+        err.print(f"[yellow]warning:[/] {unreserved}")
     unknown = sorted(set(only or ()) - set(sup.components))
     if unknown:
         err.print(f"[red]error:[/] unknown component(s) {unknown}; known: {list(sup.components)}")

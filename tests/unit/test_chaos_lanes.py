@@ -173,6 +173,10 @@ def played(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ".write('down ' + os.environ['LIKES_HOME'] + '\\n')"
     )
     monkeypatch.setattr(lanes, "down_command", lambda: [sys.executable, "-c", down])
+    # the host's sysctl is left alone here (tests/unit/test_ephemeral_ports.py writes a copy)
+    monkeypatch.setattr(
+        lanes, "reserve_ports", lambda lane: record.open("a").write(f"reserve {lane.offset}\n")
+    )
     return record
 
 
@@ -197,6 +201,8 @@ def test_two_lanes_run_their_shares_on_their_own_stacks_and_one_report_holds_all
     assert set(homes) == {"stack", "stack-lane2"}
     assert sorted(homes["stack"] + homes["stack-lane2"]) == sorted(ids)
     assert [x for x in lines if x.startswith("down")] == [f"down {tmp_path / 'stack-lane2'}"]
+    # the scratch lane's ports were kept from client sockets before any lane ran
+    assert lines[0] == f"reserve {lanes.LANE_OFFSETS[0]}" and lines.count(lines[0]) == 1
     report = (out / "report.md").read_text()
     assert all(f"[{i}]" in report for i in ids) and "5 of 6 experiments passed" in report
 
@@ -235,7 +241,11 @@ def test_a_lane_whose_stack_does_not_start_fails_its_experiments_and_is_still_ta
     assert r.exit_code == 1, r.output
     summary = json.loads(r.output.strip().splitlines()[-1])
     lane2 = next(x for x in summary["lanes"] if x["lane"] == 2)
-    assert "did not start: port taken" in lane2["failure"] and lane2["ids"]
+    assert "did not start" in lane2["failure"] and "port taken" in lane2["failure"]
+    assert lane2["ids"]
+    # what `up` said is kept in the lane's folder: the stack and its logs are wiped
+    assert (tmp_path / "gd" / "lane-2" / "stack-start" / "up.log").read_text() == "port taken\n"
+    assert str(tmp_path / "gd" / "lane-2" / "stack-start") in lane2["failure"]
     verdicts = {e["id"]: e["verdict"] for e in summary["experiments"]}
     assert {verdicts[i] for i in lane2["ids"]} == {"failed"}
     assert {verdicts[i] for i in ids if i not in lane2["ids"]} == {"passed"}
