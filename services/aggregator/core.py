@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -121,22 +121,29 @@ class Fold:
     events: int
 
 
-def fold(entries: Iterable[Entry], applied: int) -> Fold | None:
-    """The offset filter and the fold: sum only entries above `applied`; None if none are."""
-    delta = 0
-    reactions: Counter[str] = Counter()
-    top = applied
-    n = 0
-    for e in entries:
-        if e.offset <= applied:
-            continue  # already in the cell: a replay
-        delta += e.delta
-        reactions[e.reaction] += e.delta
-        top = max(top, e.offset)
-        n += 1
-    if n == 0:
+def fold(entries: Sequence[Entry], applied: int) -> Fold | None:
+    """The offset filter and the fold: sum only entries above `applied`; None if none are.
+
+    Columns, not entries: one pass of zip(*) and C builtins (sum, max, Counter's counting) over
+    them, and a likes-only cell (every delta +1, the common case) counts its reactions in C.
+    Folding entry by entry was 15 % of a 200 k-event window's flush (py-spy of
+    bench/bench_aggregator.py: 0.87 s)."""
+    if not entries:
         return None
-    return Fold(delta, dict(reactions), top, n)
+    offsets, deltas, names = zip(*entries, strict=True)
+    if min(offsets) <= applied:  # replays in the window: keep what is above the cell
+        kept = [e for e in entries if e.offset > applied]
+        if not kept:
+            return None
+        offsets, deltas, names = zip(*kept, strict=True)
+    reactions: Counter[str]
+    if min(deltas) == 1 == max(deltas):
+        reactions = Counter(names)
+    else:
+        reactions = Counter()
+        for name, d in zip(names, deltas, strict=True):
+            reactions[name] += d
+    return Fold(sum(deltas), dict(reactions), max(offsets), len(offsets))
 
 
 def apply_fold(state: CellState, f: Fold) -> CellState:
@@ -173,6 +180,7 @@ class PartitionDedup:
         self.max_age_ms = max_age_ms
         self._seen: OrderedDict[bytes, int] = OrderedDict()  # intent bytes -> timestamp ms
         self._newest_ts = 0
+        self._first_ts = 0  # the timestamp of the first (oldest inserted) intent held
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -180,11 +188,17 @@ class PartitionDedup:
     def check_and_add(self, intent_uuid: str, ts_ms: int) -> bool:
         """True if the intent was seen already (a duplicate); otherwise remember it."""
         k = _uuid_bytes(intent_uuid)  # 16 bytes, not a 36-char str: 4x more per MB
-        if k in self._seen:
+        seen = self._seen
+        if k in seen:
             return True
-        self._seen[k] = ts_ms
-        self._newest_ts = max(self._newest_ts, ts_ms)
-        self._evict()
+        if not seen:
+            self._first_ts = ts_ms
+        seen[k] = ts_ms
+        if ts_ms > self._newest_ts:
+            self._newest_ts = ts_ms
+        # _evict's first test, inline: most adds evict nothing (one call per event saved)
+        if len(seen) > self.capacity or self._first_ts < self._newest_ts - self.max_age_ms:
+            self._evict()
         return False
 
     def horizon_ms(self) -> int:
@@ -201,6 +215,7 @@ class PartitionDedup:
                 self._seen.popitem(last=False)
             else:
                 break
+        self._first_ts = next(iter(self._seen.values())) if self._seen else self._newest_ts
 
 
 @dataclass
@@ -224,10 +239,15 @@ class Window:
     links: list[Any] = field(default_factory=list)
 
     def add(self, tp: TP, offset: int, cell: CellKey, delta: int, reaction: str) -> None:
-        self.cells.setdefault(cell, []).append(Entry(offset, delta, reaction))
-        self.cell_tp[cell] = tp
+        entries = self.cells.get(cell)
+        if entries is None:
+            self.cells[cell] = [Entry(offset, delta, reaction)]
+            self.cell_tp[cell] = tp  # one partition feeds a cell (cell_region)
+        else:
+            entries.append(Entry(offset, delta, reaction))
         self.events += 1
-        self.consumed(tp, offset)
+        if offset >= self.positions.get(tp, 0):
+            self.positions[tp] = offset + 1
 
     def consumed(self, tp: TP, offset: int) -> None:
         """The message at `offset` is dealt with (counted, a duplicate, or dead-lettered)."""

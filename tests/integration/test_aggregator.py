@@ -917,6 +917,60 @@ def test_a_cold_window_reads_each_post_once_and_rereads_only_when_that_read_fail
         cluster.shutdown()
 
 
+def test_cells_read_while_the_window_was_open_are_dropped_with_a_change_of_owners(
+    settings: AggregatorSettings,
+    session: Session,
+    rc: RedisCluster,
+    producer: Producer,
+    serialize: Callable[[events.LikeEvent, str], bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cold post's cells are read while its window is open (worker._prefetch_cold). If its
+    partition changes owners meanwhile, that read is stale: another owner counts a like into
+    the cell, then the partition comes back. The window after must fold onto what the other
+    owner wrote (7), not onto the first read (6: that owner's like lost)."""
+    from services.aggregator import worker
+    from services.aggregator.core import PartitionDedup
+    from services.aggregator.worker import PartitionState
+
+    monkeypatch.setattr(worker, "PREFETCH_CHUNK", 1)  # read each cold post at once
+    post = f"post-{uuid.uuid4()}"
+    (part, o1), (_, o2) = produce(producer, [msg(serialize, like(post)) for _ in range(2)])
+    tp = (settings.topic(events.COMMITTED), part)
+    cell = CellKey(post, cell_region("eu", events.COMMITTED, part), 0)
+    reader = Consumer({**clients.kafka_config(settings), "group.id": f"read-{uuid.uuid4()}"})
+    reader.assign([TopicPartition(tp[0], part, o1)])
+    got: list[Any] = []
+    while len(got) < 2:
+        got += [m for m in reader.consume(2, 5.0) if m.error() is None]
+    reader.close()
+    m1, m2 = got[:2]
+    assert (m1.offset(), m2.offset()) == (o1, o2)
+    agg, cluster = build(settings)
+    try:
+        # a previous owner's cell: 5 likes, everything before o1 folded
+        agg.store.write_cells(
+            {post: [(cell, CellState.empty(), CellState(5, o1 - 1, {"like": 5}))]}
+        )
+        agg.parts[tp] = PartitionState(PartitionDedup(1000, 10**9), warm_until=0)
+        agg._handle_batch([m1])
+        assert len(agg._prefetch) == 1  # read while the window is open: the 5
+        assert agg._prefetch[0].result(10)[post][0].value == 5
+        agg._drop([tp])  # revoked: the window's events and the cells go
+        # the other owner folds o1 and commits o1 + 1; the partition comes back to us
+        agg.store.write_cells(
+            {post: [(cell, CellState(5, o1 - 1, {}), CellState(6, o1, {"like": 6}))]}
+        )
+        agg.parts[tp] = PartitionState(PartitionDedup(1000, 10**9), warm_until=0)
+        agg._handle_batch([m2])
+        agg._flush(agg.windower.take())
+    finally:
+        agg.consumer.close()
+        cluster.shutdown()
+    assert cells(session, post)[(cell.region, 0)][:2] == (7, o2)
+    assert agg_count(rc, post) == 7
+
+
 def test_cdn_purge_is_recorded_for_each_changed_post(
     settings: AggregatorSettings, producer: Producer, serialize: Any, rc: RedisCluster
 ) -> None:
