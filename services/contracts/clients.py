@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -106,6 +107,12 @@ def eval_per_node(
     promoted replica) answers NOSCRIPT: loaded again and retried once. A MOVED (failover,
     resharding) raises: the caller refreshes the slot map (`rc.nodes_manager.initialize()`) and
     retries, so scripts must be idempotent.
+
+    The nodes' pipelines run at once, each on its own connection: one after the other, the
+    caller waited for the sum of the nodes' script time, not the longest (an aggregator flush of
+    9 k posts spent 0.7 s of py-spy samples reading the three nodes' answers in turn). Calls on
+    one node keep their order; a node that fails raises after every node has answered (the
+    others' calls are applied: idempotent, as above).
     """
     sha = hashlib.sha1(script.encode()).hexdigest()
     by_node: dict[str, list[int]] = {}
@@ -114,24 +121,40 @@ def eval_per_node(
         node = rc.get_node_from_key(ks[0] if route is None else route[i])
         nodes[node.name] = node
         by_node.setdefault(node.name, []).append(i)
-    out: list[Any] = [None] * len(calls)
-    for name, idx in by_node.items():
+
+    def run(name: str) -> list[Any]:
         conn = rc.get_redis_connection(nodes[name])
         for attempt in (1, 2):
             pipe = conn.pipeline(transaction=False)
-            for i in idx:
+            for i in by_node[name]:
                 ks, args = calls[i]
                 pipe.evalsha(sha, len(ks), *ks, *args)
             try:
-                results = pipe.execute(raise_on_error=True)
-                break
+                return list(pipe.execute(raise_on_error=True))
             except NoScriptError:
                 if attempt == 2:
                     raise
                 conn.script_load(script)
-        for i, r in zip(idx, results, strict=True):
+        raise AssertionError("unreachable")
+
+    names = list(by_node)
+    if len(names) == 1:
+        answers = [run(names[0])]
+    else:
+        futures = [_node_pool().submit(run, n) for n in names]
+        concurrent.futures.wait(futures)
+        answers = [f.result() for f in futures]  # the first node's error, if any, raises
+    out: list[Any] = [None] * len(calls)
+    for name, results in zip(names, answers, strict=True):
+        for i, r in zip(by_node[name], results, strict=True):
             out[i] = r
     return out
+
+
+@functools.cache
+def _node_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """eval_per_node's threads, one per node a call may span (started on first use)."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="redis-node")
 
 
 # The store's faults: the same request may succeed later or on another node. Answer 503 +
