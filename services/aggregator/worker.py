@@ -587,7 +587,10 @@ class Aggregator:
         and a previous owner's late write is met as at the flush (the offset filter, last write
         wins by offset: store.py). A read that failed or did not end within PREFETCH_WAIT_S
         (a paused store) leaves its posts to the flush's own read."""
-        if self._cold:  # the last few, read now: a small read, not the window's whole one
+        if self._cold and self._prefetch:  # the last few of a big window, read now: a small
+            # read, not the window's whole one. A window with fewer cold posts than a chunk (a
+            # window at the head) reads none ahead: its states come from the flush's one read,
+            # which its aggregates need anyway (reading them twice doubled the store's reads)
             self._prefetch.append(self._prefetch_pool.submit(self.store.read_posts, self._cold))
         done, _ = wait(self._prefetch, timeout=PREFETCH_WAIT_S)
         out: dict[str, list[CellRow]] = {}

@@ -917,6 +917,53 @@ def test_a_cold_window_reads_each_post_once_and_rereads_only_when_that_read_fail
         cluster.shutdown()
 
 
+def test_a_window_at_the_head_reads_its_cold_posts_once(
+    settings: AggregatorSettings,
+    producer: Producer,
+    serialize: Callable[[events.LikeEvent, str], bytes],
+    rc: RedisCluster,
+) -> None:
+    """A window with fewer cold posts than a prefetch chunk (every window at the head) reads
+    none ahead: its cells' states come from the flush's one read of its posts, the read its
+    aggregates need anyway, not from a second read of the same rows."""
+    from services.aggregator.core import PartitionDedup
+    from services.aggregator.worker import PartitionState
+
+    posts = [f"post-{uuid.uuid4()}" for _ in range(3)]
+    sent = produce(producer, [msg(serialize, like(p)) for p in posts])
+    topic = settings.topic(events.COMMITTED)
+    reader = Consumer({**clients.kafka_config(settings), "group.id": f"read-{uuid.uuid4()}"})
+    starts: dict[int, int] = {}
+    for part, off in sent:
+        starts[part] = min(off, starts.get(part, off))
+    reader.assign([TopicPartition(topic, part, off) for part, off in starts.items()])
+    ours = {keys.kafka_key(p, 0).encode() for p in posts}
+    got: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(posts) and time.monotonic() < deadline:
+        got += [m for m in reader.consume(10, 1.0) if m.error() is None and m.key() in ours]
+    reader.close()
+    agg, cluster = build(settings)
+    real_read = agg.store.read_posts
+    reads: list[list[str]] = []
+
+    def read_posts(post_ids: Sequence[str]) -> Any:
+        reads.append(sorted(post_ids))
+        return real_read(post_ids)
+
+    agg.store.read_posts = read_posts  # type: ignore[method-assign]
+    try:
+        for part in starts:
+            agg.parts[(topic, part)] = PartitionState(PartitionDedup(1000, 10**9), warm_until=0)
+        agg._handle_batch(got)
+        agg._flush(agg.windower.take())
+    finally:
+        agg.consumer.close()
+        cluster.shutdown()
+    assert reads == [sorted(posts)], f"the window's posts were read {len(reads)} times: {reads}"
+    assert [agg_count(rc, p) for p in posts] == [1, 1, 1]
+
+
 def test_cells_read_while_the_window_was_open_are_dropped_with_a_change_of_owners(
     settings: AggregatorSettings,
     session: Session,
