@@ -246,8 +246,7 @@ class Window:
         else:
             entries.append(Entry(offset, delta, reaction))
         self.events += 1
-        if offset >= self.positions.get(tp, 0):
-            self.positions[tp] = offset + 1
+        self.consumed(tp, offset)
 
     def consumed(self, tp: TP, offset: int) -> None:
         """The message at `offset` is dealt with (counted, a duplicate, or dead-lettered)."""
